@@ -1,0 +1,235 @@
+"""The Backend protocol, backend-spec parsing and the adapter registry.
+
+Spec grammar: ``NAME[:DEVICE][?key=value&...][+TRANSFORM...]``, except ``exec:COMMAND``, whose
+command is taken verbatim. Aliases such as ``cpu`` expand to ``ort:cpu``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import import_module
+from importlib.metadata import entry_points
+from types import MappingProxyType
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+
+from onnx_bisect.errors import BackendError, BackendUnavailableError, OnnxBisectError, SpecError
+
+__all__ = [
+    "ALIASES",
+    "Adapter",
+    "Backend",
+    "BackendBase",
+    "BackendSpec",
+    "Tensors",
+    "adapters",
+    "create_backend",
+    "parse_spec",
+]
+
+log = logging.getLogger(__name__)
+
+Tensors = dict[str, npt.NDArray[Any]]
+
+# Short names for the common cases: `cpu` is what people type, `ort:cpu` is what it means.
+ALIASES: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "cpu": ("ort", "cpu"),
+        "cuda": ("ort", "cuda"),
+        "tensorrt": ("ort", "tensorrt"),
+        "trt": ("ort", "tensorrt"),
+        "coreml": ("ort", "coreml"),
+        "dml": ("ort", "dml"),
+        "rocm": ("ort", "rocm"),
+        "onnxruntime": ("ort", "cpu"),
+        "mps": ("torch", "mps"),
+    }
+)
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A parsed backend spec; ``text`` is what the user wrote, for reports."""
+
+    text: str
+    name: str
+    device: str | None = None
+    options: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    transforms: tuple[str, ...] = ()
+
+    def option(self, key: str, default: str | None = None) -> str | None:
+        return self.options.get(key, default)
+
+    def check_options(self, allowed: Sequence[str]) -> None:
+        unknown = sorted(set(self.options) - set(allowed))
+        if unknown:
+            valid = ", ".join(allowed) or "none"
+            raise SpecError(
+                f"backend {self.text!r}: unknown option(s) {', '.join(unknown)}; valid: {valid}"
+            )
+
+
+_SPEC = re.compile(r"^(?P<name>[A-Za-z_][\w.-]*)(?::(?P<device>[^?+]*))?(?:\?(?P<query>[^+]*))?$")
+
+
+def parse_spec(text: str) -> BackendSpec:
+    """Parse ``NAME[:DEVICE][?k=v&...][+T...]``; raises SpecError with the expected form."""
+    raw = text.strip()
+    if not raw:
+        raise SpecError("empty backend spec; try 'cpu', 'ref' or 'openvino'")
+    if raw.startswith("exec:"):
+        return BackendSpec(text=raw, name="exec", device=raw[len("exec:") :].strip())
+    head, *transforms = raw.split("+")
+    m = _SPEC.match(head)
+    if not m:
+        raise SpecError(f"cannot parse backend spec {text!r}; expected NAME[:DEVICE][?key=value&...]")
+    name, device = m["name"].lower(), m["device"] or None
+    if name in ALIASES:
+        if device is not None:
+            raise SpecError(f"backend {text!r}: alias {name!r} already names a device")
+        name, device = ALIASES[name]
+    options: dict[str, str] = {}
+    for part in filter(None, (m["query"] or "").split("&")):
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise SpecError(f"backend {text!r}: option {part!r} must look like key=value")
+        options[key.strip()] = value.strip()
+    return BackendSpec(
+        text=raw,
+        name=name,
+        device=device.lower() if device and name != "exec" else device,
+        options=MappingProxyType(options),
+        transforms=tuple(t.strip() for t in transforms if t.strip()),
+    )
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the search needs from a runtime. Implement it without inheriting if you like.
+
+    ``run`` executes ``model`` (whose graph outputs are the tensors wanted) on ``feeds`` and
+    returns every graph output by name. Raise ``BackendError`` when the runtime fails.
+    """
+
+    spec: BackendSpec
+
+    def run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors: ...
+
+    def describe(self) -> str: ...
+
+    def versions(self) -> dict[str, str]: ...
+
+
+class BackendBase:
+    """Validation and error wrapping around ``_run``, so adapters stay small."""
+
+    spec: BackendSpec
+
+    def __init__(self, spec: BackendSpec) -> None:
+        self.spec = spec
+
+    def run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        wanted = [o.name for o in model.graph.output]
+        try:
+            out = self._run(model, feeds)
+        except OnnxBisectError:
+            raise
+        except Exception as exc:
+            # Runtimes raise their own types; the message is what the user needs.
+            raise BackendError(f"{self.spec.text}: {_one_line(exc)}") from exc
+        missing = [n for n in wanted if n not in out]
+        if missing:
+            raise BackendError(
+                f"{self.spec.text}: did not return output(s) {', '.join(missing[:5])}"
+                + (" ..." if len(missing) > 5 else "")
+            )
+        return {n: np.asarray(out[n]) for n in wanted}
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.spec.text
+
+    def versions(self) -> dict[str, str]:
+        return {}
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:400]
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A registry entry. ``module:attr`` is imported only when used, so `onnx-bisect backends`
+    does not import every runtime just to list them."""
+
+    name: str
+    target: str
+    description: str
+    loaded: Callable[[BackendSpec], Backend] | None = None
+
+    def factory(self) -> Callable[[BackendSpec], Backend]:
+        if self.loaded is not None:
+            return self.loaded
+        module, _, attr = self.target.partition(":")
+        obj: Callable[[BackendSpec], Backend] = getattr(import_module(module), attr)
+        return obj
+
+    def availability(self) -> str | None:
+        """None when usable here, else why not."""
+        try:
+            factory = self.factory()
+        except Exception as exc:
+            return f"cannot import {self.target}: {_one_line(exc)}"
+        check = getattr(factory, "unavailable_reason", None)
+        return check() if callable(check) else None
+
+
+_BUILTIN = (
+    Adapter("ort", "onnx_bisect.adapters.ort:OrtBackend", "ONNX Runtime (any execution provider)"),
+    Adapter("ref", "onnx_bisect.adapters.reference:ReferenceBackend", "onnx.reference evaluator"),
+    Adapter("openvino", "onnx_bisect.adapters.openvino:OpenVinoBackend", "OpenVINO runtime"),
+    Adapter("exec", "onnx_bisect.adapters.exec:ExecBackend", "any program: exec:CMD protocol"),
+    Adapter("torch", "onnx_bisect.adapters.unavailable:TorchBackend", "torch (mps/cuda/cpu)"),
+)
+
+
+def adapters() -> dict[str, Adapter]:
+    """Built-in adapters plus those from the ``onnx_bisect.adapters`` entry-point group."""
+    found = {a.name: a for a in _BUILTIN}
+    for ep in entry_points(group="onnx_bisect.adapters"):
+        if ep.name in found:
+            log.warning("plugin %s ignored: the name is taken by a built-in adapter", ep.value)
+            continue
+        found[ep.name] = Adapter(ep.name, ep.value, f"plugin from {ep.value}")
+    return found
+
+
+def create_backend(spec: str | BackendSpec) -> Backend:
+    """Build a backend from a spec; unknown names and unusable backends raise clearly."""
+    parsed = parse_spec(spec) if isinstance(spec, str) else spec
+    if parsed.transforms:
+        raise SpecError(
+            f"backend {parsed.text!r}: model transforms (+{', +'.join(parsed.transforms)}) "
+            "are not supported yet"
+        )
+    table = adapters()
+    adapter = table.get(parsed.name)
+    if adapter is None:
+        known = ", ".join(sorted(set(table) | set(ALIASES)))
+        raise SpecError(f"unknown backend {parsed.name!r}; known: {known}")
+    try:
+        factory = adapter.factory()
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"backend {parsed.text!r} is not available: {_one_line(exc)}"
+        ) from exc
+    return factory(parsed)

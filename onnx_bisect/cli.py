@@ -1,0 +1,189 @@
+"""Command line: ``bisect MODEL ...`` and ``onnx-bisect SUBCOMMAND ...``; a thin layer over the API.
+
+Exit codes: 0 no divergence, 1 divergence found, 2 usage or input error, 3 internal error.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from onnx_bisect.adapters.base import ALIASES, adapters
+from onnx_bisect.api import DEFAULT_MAX_MEMORY
+from onnx_bisect.api import bisect as run_bisect
+from onnx_bisect.errors import OnnxBisectError
+from onnx_bisect.feeds import parse_shape
+from onnx_bisect.metrics import METRICS
+
+__all__ = ["EXIT_DIVERGED", "EXIT_INTERNAL", "EXIT_MATCH", "EXIT_USAGE", "app", "bisect_app"]
+
+EXIT_MATCH, EXIT_DIVERGED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+MetricName = Enum("MetricName", {m: m for m in METRICS}, type=str)  # type: ignore[misc]
+
+app = typer.Typer(
+    name="onnx-bisect",
+    help="Find where an ONNX model's numbers go wrong on another backend.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+bisect_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def parse_bytes(text: str) -> int:
+    """``4GB``, ``512MiB``, ``1e9`` -> bytes."""
+    m = re.fullmatch(r"\s*([\d.eE+]+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
+    if not m:
+        raise typer.BadParameter(f"{text!r} is not a size; try 4GB or 512MB")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m[2].lower()]
+    return int(float(m[1]) * scale)
+
+
+def run_command(
+    model: Annotated[Path, typer.Argument(help="The ONNX model to diagnose.", show_default=False)],
+    target: Annotated[str, typer.Option("--target", "-t", help="Backend under test (spec).")],
+    ref: Annotated[str, typer.Option("--ref", "-r", help="Trusted backend (spec).")] = "cpu",
+    input: Annotated[
+        Path | None, typer.Option("--input", "-i", help=".npz, .npy or test-case dir of .pb")
+    ] = None,
+    shape: Annotated[
+        list[str] | None,
+        typer.Option("--shape", "-s", help="NAME=1x3x640x640; fixes dynamic dims. Repeatable."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed for generated inputs.")] = 0,
+    metric: Annotated[MetricName, typer.Option(help="Metric that decides divergence.")] = "rel_l2",  # type: ignore[assignment]
+    threshold: Annotated[float, typer.Option(help="Divergence threshold for --metric.")] = 1e-3,
+    atol: Annotated[float | None, typer.Option(help="Use allclose semantics with this atol.")] = None,
+    rtol: Annotated[float | None, typer.Option(help="Use allclose semantics with this rtol.")] = None,
+    max_memory: Annotated[
+        str, typer.Option(help="Most probe output bytes one run may hold, e.g. 4GB, 256MB.")
+    ] = "4GB",
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write reports here.")] = None,
+    format: Annotated[
+        str, typer.Option("--format", "-f", help="Report formats: md,json,csv.")
+    ] = "md,json,csv",
+    top: Annotated[int, typer.Option(help="Rows in the terminal's top table.")] = 10,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the exit code.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress.")] = False,
+    debug: Annotated[bool, typer.Option(help="Show tracebacks for internal errors.")] = False,
+) -> None:
+    """Find the first node where TARGET departs from REF, and the node that causes it."""
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    command = shlex.join(["bisect", *_argv_of(model, ref, target, input, shape, out)])
+    try:
+        shapes = dict(parse_shape(s) for s in shape or [])
+        formats = [f.strip() for f in format.split(",") if f.strip()]
+        result = run_bisect(
+            model, ref=ref, target=target, inputs=input, shapes=shapes, seed=seed,
+            metric=str(metric.value if isinstance(metric, Enum) else metric),
+            threshold=threshold, atol=atol, rtol=rtol, max_memory=parse_bytes(max_memory),
+            command=command,
+        )
+        written = result.write(out, formats) if out is not None else []
+    except OnnxBisectError as exc:
+        _fail(str(exc))
+    except typer.BadParameter as exc:
+        _fail(exc.message)
+    except Exception as exc:
+        if debug:
+            raise
+        _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)", EXIT_INTERNAL)
+    if not quiet:
+        from onnx_bisect.report import print_summary
+
+        console = _stdout()
+        print_summary(result, console, top=top)
+        if written:
+            console.print(f"[dim]reports in {out}/[/]")
+    raise typer.Exit(EXIT_DIVERGED if result.diverged else EXIT_MATCH)
+
+
+def _argv_of(
+    model: Path, ref: str, target: str, inp: Path | None, shape: list[str] | None, out: Path | None
+) -> list[str]:
+    """Reconstruct the invocation for the report, whether called from a shell or a test."""
+    if sys.argv and Path(sys.argv[0]).name in ("bisect", "onnx-bisect"):
+        return sys.argv[1:]
+    args = [str(model), "--ref", ref, "--target", target]
+    if inp is not None:
+        args += ["--input", str(inp)]
+    for s in shape or []:
+        args += ["--shape", s]
+    if out is not None:
+        args += ["--out", str(out)]
+    return args
+
+
+def _stdout() -> Console:
+    """Logs and CI capture are not terminals; 80 columns would fold every node name."""
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=max(console.width, 140))
+    return console
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> None:
+    err.print(f"error: {' '.join(message.split())}", markup=False)
+    raise typer.Exit(code)
+
+
+bisect_app.command(name="bisect")(run_command)
+app.command("run", help="Same as the `bisect` command.")(run_command)
+
+
+@app.command("backends")
+def backends_command() -> None:
+    """List each backend adapter and whether it can run here (and why not)."""
+    table = Table(title="Backends")
+    for col in ("name", "available", "description"):
+        table.add_column(col)
+    for name, adapter in sorted(adapters().items()):
+        reason = adapter.availability()
+        table.add_row(name, "yes" if reason is None else f"no: {reason}", adapter.description)
+    console = _stdout()
+    console.print(table)
+    aliases = ", ".join(f"{k} = {v[0]}:{v[1]}" for k, v in ALIASES.items())
+    console.print(f"aliases: {aliases}")
+
+
+def _entry(typer_app: typer.Typer, prog: str) -> None:
+    """Run an app, turning usage errors into one line and exit code 2."""
+    try:
+        code = typer_app(prog_name=prog, standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as exc:
+        # Typer vendors click in some releases and not others; match its usage errors by shape.
+        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+            err.print(f"error: {exc.format_message()}", markup=False)
+            sys.exit(EXIT_USAGE)
+        raise
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def bisect_entry() -> None:
+    _entry(bisect_app, "bisect")
+
+
+def main_entry() -> None:
+    _entry(app, "onnx-bisect")
+
+
+_ = DEFAULT_MAX_MEMORY  # the CLI default "4GB" must stay equal to the API default

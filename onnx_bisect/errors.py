@@ -1,0 +1,40 @@
+"""The one error hierarchy. The CLI turns these into one-line messages with exit code 2."""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "BackendUnavailableError",
+    "InputError",
+    "ModelLoadError",
+    "OnnxBisectError",
+    "SpecError",
+]
+
+
+class OnnxBisectError(Exception):
+    """Base class: a problem with what the user asked for, not a bug in onnx-bisect."""
+
+
+class ModelLoadError(OnnxBisectError):
+    """The model file is missing, unreadable or not a valid ONNX model."""
+
+
+class InputError(OnnxBisectError):
+    """Input tensors or shapes do not fit the model's signature."""
+
+
+class SpecError(OnnxBisectError):
+    """A backend spec could not be parsed or names an unknown backend."""
+
+
+class BackendUnavailableError(OnnxBisectError):
+    """The backend exists but cannot run on this machine (missing package, provider, OS)."""
+
+
+class BackendError(OnnxBisectError):
+    """A backend failed while loading or running a model."""
+
+    def __init__(self, message: str, *, node: str | None = None) -> None:
+        super().__init__(message)
+        self.node = node

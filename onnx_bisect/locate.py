@@ -1,0 +1,252 @@
+"""The search: screen, scan, isolate, and the verdicts they imply.
+
+The verdict logic (``judge``) is pure: it sees comparisons and node wiring, never ONNX. Graph
+surgery comes from ``model``, running from ``run``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy.typing as npt
+
+from onnx_bisect.adapters.base import Backend
+from onnx_bisect.errors import BackendError
+from onnx_bisect.metrics import Comparison, Criterion, compare_tensors
+from onnx_bisect.model import LoadedModel, NodeInfo, isolation_model
+from onnx_bisect.result import NodeResult, RootCause, Verdict
+from onnx_bisect.run import RunStats, TensorStore, plan_chunks, run_chunked, timed_run
+
+__all__ = [
+    "IsolationFailure",
+    "first_divergence",
+    "isolate",
+    "judge",
+    "root_cause",
+    "scan",
+    "screen",
+]
+
+log = logging.getLogger(__name__)
+
+Feeds = Mapping[str, npt.NDArray[Any]]
+
+# Phrases runtimes use when they lack a kernel, as opposed to failing while running one.
+_UNSUPPORTED = (
+    "not implemented",
+    "not_implemented",
+    "unsupported",
+    "no op registered",
+    "could not find an implementation",
+    "is not supported",
+    "cannot create",
+)
+
+
+@dataclass(frozen=True)
+class IsolationFailure:
+    message: str
+
+    @property
+    def unsupported(self) -> bool:
+        text = self.message.lower()
+        return any(p in text for p in _UNSUPPORTED)
+
+
+def screen(
+    ref: Backend,
+    target: Backend,
+    loaded: LoadedModel,
+    feeds: Feeds,
+    crit: Criterion,
+    stats: RunStats,
+) -> tuple[Comparison, ...]:
+    """Plain runs of both backends, compared on the final outputs only."""
+    ref_out = timed_run(ref, loaded.model, feeds, "ref", stats)
+    tgt_out = timed_run(target, loaded.model, feeds, "target", stats)
+    return tuple(compare_tensors(n, ref_out.get(n), tgt_out.get(n), crit) for n in loaded.outputs)
+
+
+def scan(
+    ref: Backend,
+    target: Backend,
+    loaded: LoadedModel,
+    feeds: Feeds,
+    crit: Criterion,
+    sizes: Mapping[str, int | None],
+    budget: int,
+    store: TensorStore,
+    stats: RunStats,
+) -> dict[str, Comparison]:
+    """Both backends with every probe marked, in chunks of at most ``budget`` bytes.
+
+    The reference's values go to ``store`` for isolation; the target's are compared and dropped.
+    """
+    chunks = plan_chunks(loaded.probes, sizes, budget)
+    log.info("scan: %d probes in %d chunk(s)", len(loaded.probes), len(chunks))
+    comparisons: dict[str, Comparison] = {}
+    ref_runs = run_chunked(ref, loaded.model, chunks, feeds, "ref", stats)
+    tgt_runs = run_chunked(target, loaded.model, chunks, feeds, "target", stats)
+    for chunk, ref_out, tgt_out in zip(chunks, ref_runs, tgt_runs, strict=True):
+        for name in chunk:
+            store.put(name, ref_out[name])
+            comparisons[name] = compare_tensors(name, ref_out[name], tgt_out.get(name), crit)
+    return comparisons
+
+
+def isolate(
+    target: Backend,
+    loaded: LoadedModel,
+    feeds: Feeds,
+    crit: Criterion,
+    budget: int,
+    store: TensorStore,
+    stats: RunStats,
+    nodes: Sequence[NodeInfo] | None = None,
+) -> dict[str, dict[str, Comparison] | IsolationFailure]:
+    """Each node computed on the target from the reference's inputs, compared per output.
+
+    Nodes are batched into isolation models of at most ``budget`` bytes of inputs plus outputs.
+    A batch the target cannot run is split in halves until the failing nodes stand alone.
+    """
+    todo = [n for n in (loaded.nodes if nodes is None else nodes) if n.outputs]
+    sizes: dict[str, int | None] = {}
+    for n in todo:
+        cost = sum(store.nbytes(t) for t in (*n.inputs, *n.outputs) if t in store)
+        sizes[n.name] = cost
+    # Bodies read outer-scope names directly, so such nodes go alone (see isolation_model).
+    batches: list[list[NodeInfo]] = []
+    plain = [n for n in todo if not n.implicit_inputs]
+    by_name = {n.name: n for n in plain}
+    for chunk in plan_chunks([n.name for n in plain], sizes, budget):
+        batches.append([by_name[c] for c in chunk])
+    batches += [[n] for n in todo if n.implicit_inputs]
+    results: dict[str, dict[str, Comparison] | IsolationFailure] = {}
+    pending = list(reversed(batches))
+    while pending:
+        batch = pending.pop()
+        try:
+            outs = _run_isolated(target, loaded, feeds, store, batch, stats)
+        except BackendError as exc:
+            if len(batch) == 1:
+                results[batch[0].name] = IsolationFailure(str(exc))
+                continue
+            half = len(batch) // 2
+            pending += [batch[half:], batch[:half]]
+            continue
+        for n in batch:
+            results[n.name] = {
+                t: compare_tensors(t, store.get(t), outs.get(t), crit) for t in n.outputs
+            }
+    return results
+
+
+def _run_isolated(
+    target: Backend,
+    loaded: LoadedModel,
+    feeds: Feeds,
+    store: TensorStore,
+    batch: Sequence[NodeInfo],
+    stats: RunStats,
+) -> dict[str, npt.NDArray[Any]]:
+    model, fed = isolation_model(loaded, batch, store.metas)
+    iso_feeds = {k: v for k, v in feeds.items()}
+    iso_feeds.update({name: store.get(tensor) for name, tensor in fed.items()})
+    return timed_run(target, model, iso_feeds, "target", stats)
+
+
+def judge(
+    loaded: LoadedModel,
+    accumulated: Mapping[str, Comparison],
+    isolated: Mapping[str, dict[str, Comparison] | IsolationFailure],
+    crit: Criterion,
+) -> list[NodeResult]:
+    """Per-node verdicts from the accumulated and isolated comparisons."""
+    results: list[NodeResult] = []
+    for n in loaded.nodes:
+        acc = _worst([accumulated[t] for t in n.outputs if t in accumulated], crit)
+        iso_entry = isolated.get(n.name)
+        iso: Comparison | None = None
+        note = ""
+        if isinstance(iso_entry, IsolationFailure):
+            unsupported = iso_entry.unsupported
+            verdict = Verdict.UNSUPPORTED if unsupported else Verdict.FAILED
+            note = f"target could not run this node alone: {iso_entry.message}"
+        else:
+            iso = _worst(list(iso_entry.values()), crit) if iso_entry else None
+            if iso is not None and iso.diverged:
+                verdict = Verdict.CULPRIT
+            elif acc is not None and acc.diverged:
+                verdict = Verdict.PROPAGATED
+            else:
+                verdict = Verdict.OK
+        results.append(
+            NodeResult(
+                index=n.index,
+                name=n.name,
+                op_type=n.op_type,
+                inputs=n.inputs,
+                outputs=n.outputs,
+                verdict=verdict,
+                accumulated=acc,
+                isolated=iso,
+                amplification=_amplification(n, acc, accumulated),
+                note=note,
+            )
+        )
+    return results
+
+
+def _worst(comparisons: Sequence[Comparison], crit: Criterion) -> Comparison | None:
+    if not comparisons:
+        return None
+    return max(comparisons, key=crit.badness)
+
+
+def _amplification(
+    node: NodeInfo, acc: Comparison | None, accumulated: Mapping[str, Comparison]
+) -> float | None:
+    """Output error ÷ worst input error, both as rel_l2: how much this node grows the error."""
+    if acc is None or "rel_l2" not in acc.metrics:
+        return None
+    ins = [accumulated[t].metrics.get("rel_l2", 0.0) for t in node.inputs if t in accumulated]
+    worst_in = max((x for x in ins if x == x), default=0.0)
+    out = acc.metrics["rel_l2"]
+    if worst_in <= 0.0 or out != out:
+        return None
+    return out / worst_in
+
+
+def first_divergence(nodes: Sequence[NodeResult]) -> NodeResult | None:
+    return next((n for n in nodes if n.diverged), None)
+
+
+def root_cause(nodes: Sequence[NodeResult], first: NodeResult | None) -> RootCause | None:
+    """The earliest culprit; when no node is wrong on its own, say so plainly."""
+    culprit = next((n for n in nodes if n.verdict is Verdict.CULPRIT), None)
+    if culprit is not None and culprit.isolated is not None:
+        iso = culprit.isolated
+        return RootCause(
+            "culprit",
+            (culprit.name,),
+            f"{culprit.op_type} {culprit.name!r} diverges on its own when fed the reference's "
+            f"inputs ({iso.reason or iso.status.value})",
+        )
+    if first is None:
+        return RootCause(
+            "none",
+            (),
+            "the final outputs diverge but no probed tensor does: marking intermediates as "
+            "outputs changes the target's result (a fusion is likely involved)",
+        )
+    failed = [n.name for n in nodes if n.verdict in (Verdict.UNSUPPORTED, Verdict.FAILED)]
+    extra = f"; the target could not run {', '.join(failed[:3])} alone" if failed else ""
+    return RootCause(
+        "none",
+        (),
+        "no single node diverges when fed the reference's inputs: the error comes from a "
+        "pattern of nodes or from accumulated rounding" + extra,
+    )

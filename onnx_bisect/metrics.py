@@ -1,0 +1,266 @@
+"""Pure tensor metrics, a registry of them, and the divergence decision.
+
+Every metric takes ``(ref, target)`` arrays of the same shape and returns a float. Arrays are
+upcast to float64 before differencing, so fp16/bf16 targets do not lose the error they make to
+the subtraction itself. Nothing here divides by a bare ``abs(ref)``: element-wise relative error
+explodes on ReLU zeros, so the relative metric is a ratio of norms.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "METRICS",
+    "Comparison",
+    "Criterion",
+    "Metric",
+    "Status",
+    "compare_tensors",
+    "cosine",
+    "max_abs",
+    "mean_abs",
+    "mismatch_fraction",
+    "rel_l2",
+    "sqnr_db",
+]
+
+Array = npt.NDArray[np.generic]
+_F64 = npt.NDArray[np.float64]
+
+
+def _f64(a: Array) -> _F64:
+    return np.asarray(a, dtype=np.float64)
+
+
+def max_abs(ref: Array, target: Array) -> float:
+    if ref.size == 0:
+        return 0.0
+    return float(np.max(np.abs(_f64(target) - _f64(ref))))
+
+
+def mean_abs(ref: Array, target: Array) -> float:
+    if ref.size == 0:
+        return 0.0
+    return float(np.mean(np.abs(_f64(target) - _f64(ref))))
+
+
+def rel_l2(ref: Array, target: Array) -> float:
+    """‖t−r‖ / ‖r‖; an all-zero reference yields the absolute norm instead of a division by 0."""
+    diff = float(np.linalg.norm((_f64(target) - _f64(ref)).ravel()))
+    norm = float(np.linalg.norm(_f64(ref).ravel()))
+    if norm == 0.0:
+        return diff
+    return diff / norm
+
+
+def cosine(ref: Array, target: Array) -> float:
+    """Cosine similarity; two all-zero tensors are identical (1.0), one all-zero one is 0.0."""
+    r, t = _f64(ref).ravel(), _f64(target).ravel()
+    nr, nt = float(np.linalg.norm(r)), float(np.linalg.norm(t))
+    if nr == 0.0 and nt == 0.0:
+        return 1.0
+    if nr == 0.0 or nt == 0.0:
+        return 0.0
+    return float(np.dot(r, t) / (nr * nt))
+
+
+def sqnr_db(ref: Array, target: Array) -> float:
+    """Signal-to-quantization-noise ratio in dB; +inf when the tensors are equal."""
+    noise = float(np.sum((_f64(target) - _f64(ref)) ** 2))
+    signal = float(np.sum(_f64(ref) ** 2))
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+def mismatch_fraction(ref: Array, target: Array, atol: float = 1e-5, rtol: float = 1e-3) -> float:
+    """Fraction of elements outside ``np.isclose(target, ref, rtol, atol)``."""
+    if ref.size == 0:
+        return 0.0
+    close = np.isclose(_f64(target), _f64(ref), rtol=rtol, atol=atol)
+    return float(1.0 - np.count_nonzero(close) / close.size)
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    fn: Callable[[Array, Array], float]
+    higher_is_worse: bool
+    description: str
+
+
+METRICS: Mapping[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric("rel_l2", rel_l2, True, "‖t−r‖₂ / ‖r‖₂"),
+        Metric("max_abs", max_abs, True, "max |t−r|"),
+        Metric("mean_abs", mean_abs, True, "mean |t−r|"),
+        Metric("cosine", cosine, False, "cosine similarity (diverged when below threshold)"),
+        Metric("sqnr_db", sqnr_db, False, "SQNR in dB (diverged when below threshold)"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """What "diverged" means: one metric against a threshold, or allclose(atol, rtol)."""
+
+    metric: str = "rel_l2"
+    threshold: float = 1e-3
+    atol: float | None = None
+    rtol: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise ValueError(f"unknown metric {self.metric!r}; choose from {', '.join(METRICS)}")
+
+    @property
+    def allclose(self) -> bool:
+        return self.atol is not None or self.rtol is not None
+
+    @property
+    def key(self) -> str:
+        """Name of the number that decides: the metric, or the allclose mismatch fraction."""
+        return "mismatch" if self.allclose else self.metric
+
+    def describe(self) -> str:
+        if self.allclose:
+            return f"allclose(atol={self.atol_value:g}, rtol={self.rtol_value:g})"
+        op = ">" if METRICS[self.metric].higher_is_worse else "<"
+        return f"{self.metric} {op} {self.threshold:g}"
+
+    @property
+    def atol_value(self) -> float:
+        return 1e-5 if self.atol is None else self.atol
+
+    @property
+    def rtol_value(self) -> float:
+        return 1e-3 if self.rtol is None else self.rtol
+
+    def badness(self, c: Comparison) -> float:
+        """Orders comparisons worst-first: structural mismatches, then by the deciding number."""
+        if c.status not in (Status.OK, Status.DIVERGED):
+            return math.inf
+        if math.isnan(c.score):
+            return math.inf
+        if self.allclose or METRICS[self.metric].higher_is_worse:
+            return c.score
+        return -c.score
+
+    def exceeds(self, value: float) -> bool:
+        if math.isnan(value):
+            return True
+        if self.allclose:
+            return value > 0.0
+        if METRICS[self.metric].higher_is_worse:
+            return value > self.threshold
+        return value < self.threshold
+
+
+class Status(str, Enum):
+    OK = "ok"
+    DIVERGED = "diverged"
+    NONFINITE = "nonfinite-mismatch"
+    SHAPE = "shape-mismatch"
+    DTYPE = "dtype-mismatch"
+    MISSING = "missing"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The comparison of one tensor between reference and target."""
+
+    tensor: str
+    status: Status
+    score: float
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    ref_dtype: str = ""
+    target_dtype: str = ""
+    shape: tuple[int, ...] = ()
+    nonfinite_mismatch: int = 0
+    reason: str = ""
+
+    @property
+    def diverged(self) -> bool:
+        return self.status is not Status.OK
+
+
+def _kind(a: Array) -> str:
+    if np.issubdtype(a.dtype, np.floating) or a.dtype.name in ("bfloat16", "float8_e4m3fn"):
+        return "float"
+    if a.dtype == np.bool_:
+        return "bool"
+    if np.issubdtype(a.dtype, np.integer):
+        return "int"
+    return a.dtype.name
+
+
+def compare_tensors(name: str, ref: Array | None, target: Array | None, crit: Criterion) -> Comparison:
+    """Compare one tensor. Non-float tensors must match exactly; NaN/Inf placement must agree."""
+    if ref is None or target is None:
+        missing = "target" if target is None else "reference"
+        return Comparison(name, Status.MISSING, math.nan, reason=f"{missing} did not produce it")
+    ref, target = np.asarray(ref), np.asarray(target)
+    dtypes = {"ref_dtype": str(ref.dtype), "target_dtype": str(target.dtype)}
+    if ref.shape != target.shape:
+        return Comparison(
+            name, Status.SHAPE, math.nan, shape=tuple(ref.shape), **dtypes,
+            reason=f"shape {tuple(target.shape)} != reference {tuple(ref.shape)}",
+        )
+    kr, kt = _kind(ref), _kind(target)
+    if kr != kt:
+        return Comparison(
+            name, Status.DTYPE, math.nan, shape=tuple(ref.shape), **dtypes,
+            reason=f"dtype {target.dtype} != reference {ref.dtype}",
+        )
+    if kr != "float":
+        return _compare_exact(name, ref, target, crit, dtypes)
+    return _compare_float(name, ref, target, crit, dtypes)
+
+
+def _compare_exact(
+    name: str, ref: Array, target: Array, crit: Criterion, dtypes: Mapping[str, str]
+) -> Comparison:
+    differ = int(np.count_nonzero(ref != target))
+    metrics = {m.name: m.fn(ref, target) for m in METRICS.values()}
+    metrics["mismatch"] = differ / ref.size if ref.size else 0.0
+    score = metrics[crit.key]
+    status = Status.DIVERGED if differ else Status.OK
+    reason = f"{differ} of {ref.size} elements differ (exact comparison)" if differ else ""
+    return Comparison(name, status, score, metrics, shape=tuple(ref.shape), reason=reason, **dtypes)
+
+
+def _compare_float(
+    name: str, ref: Array, target: Array, crit: Criterion, dtypes: Mapping[str, str]
+) -> Comparison:
+    r, t = _f64(ref), _f64(target)
+    # NaN and Inf must sit at the same places with the same sign; elsewhere we compare values.
+    rn, tn = np.isnan(r), np.isnan(t)
+    ri, ti = np.isinf(r), np.isinf(t)
+    bad = (rn != tn) | (ri != ti) | (ri & ti & (np.sign(r) != np.sign(t)))
+    nonfinite = int(np.count_nonzero(bad))
+    finite = np.isfinite(r) & np.isfinite(t)
+    rf, tf = r[finite], t[finite]
+    metrics = {m.name: m.fn(rf, tf) for m in METRICS.values()}
+    metrics["mismatch"] = mismatch_fraction(rf, tf, crit.atol_value, crit.rtol_value)
+    score = metrics[crit.key]
+    if nonfinite:
+        status = Status.NONFINITE
+        reason = f"{nonfinite} NaN/Inf values differ from the reference"
+    elif crit.exceeds(score):
+        status, reason = Status.DIVERGED, f"{crit.key}={score:.3g} fails {crit.describe()}"
+    else:
+        status, reason = Status.OK, ""
+    return Comparison(
+        name, status, score, metrics, shape=tuple(ref.shape),
+        nonfinite_mismatch=nonfinite, reason=reason, **dtypes,
+    )

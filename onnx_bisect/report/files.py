@@ -1,0 +1,43 @@
+"""Writing the report files and the exact inputs used."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from onnx_bisect.report.markdown import render_markdown
+
+if TYPE_CHECKING:
+    from onnx_bisect.result import BisectResult
+
+__all__ = ["write_reports"]
+
+_KNOWN = ("md", "json", "csv")
+
+
+def write_reports(result: BisectResult, out_dir: Path, formats: Sequence[str]) -> list[Path]:
+    unknown = sorted(set(formats) - set(_KNOWN))
+    if unknown:
+        raise ValueError(f"unknown report format(s) {', '.join(unknown)}; known: {', '.join(_KNOWN)}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    if "json" in formats:
+        path = out_dir / "report.json"
+        path.write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n")
+        written.append(path)
+    if "md" in formats:
+        path = out_dir / "report.md"
+        path.write_text(render_markdown(result))
+        written.append(path)
+    if "csv" in formats:
+        path = out_dir / "nodes.csv"
+        result.nodes_frame().to_csv(path, index=False)
+        written.append(path)
+    path = out_dir / "inputs.npz"
+    np.savez(path, **{k: np.asarray(v) for k, v in result.inputs.items()})
+    written.append(path)
+    return written

@@ -1,0 +1,97 @@
+"""report.md: sized to paste as a GitHub issue body."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from onnx_bisect.report.format import fmt, fmt_amp, node_label
+
+if TYPE_CHECKING:
+    from onnx_bisect.result import BisectResult, NodeResult
+
+__all__ = ["render_markdown"]
+
+# GitHub rejects issue bodies over 65,536 characters; leave room for the user's own words.
+MAX_FULL_TABLE_ROWS = 400
+TOP_K = 10
+
+
+def render_markdown(result: BisectResult) -> str:
+    lines: list[str] = [f"# onnx-bisect: `{result.target.spec}` vs `{result.ref.spec}`", ""]
+    lines += _summary(result)
+    if result.command:
+        lines += ["", "**Command**", "", "```", result.command, "```"]
+    lines += ["", "**Environment**", ""]
+    lines += [f"- reference: `{result.ref.spec}` — {result.ref.description}"]
+    lines += [f"- target: `{result.target.spec}` — {result.target.description}"]
+    lines += [f"- {k}: {v}" for k, v in result.versions.items()]
+    inputs = ", ".join(f"`{k}` {list(v.shape)} {v.dtype}" for k, v in result.inputs.items())
+    lines += [f"- inputs: {inputs} (saved in `inputs.npz`)"]
+    lines += [f"- criterion: {result.criterion.describe()}"]
+    lines += ["", "**Final outputs**", "", "| output | status | rel_l2 | max_abs | note |"]
+    lines += ["|---|---|---|---|---|"]
+    for c in result.outputs:
+        lines.append(
+            f"| `{c.tensor}` | {c.status.value} | {fmt(c.metrics.get('rel_l2'))} | "
+            f"{fmt(c.metrics.get('max_abs'))} | {_cell(c.reason)} |"
+        )
+    if result.nodes:
+        lines += ["", f"**Top {TOP_K} nodes by accumulated error**", ""]
+        lines += _table(result, result.top(TOP_K))
+        shown = list(result.nodes[:MAX_FULL_TABLE_ROWS])
+        lines += ["", "<details><summary>All probed nodes</summary>", ""]
+        lines += _table(result, shown)
+        if len(result.nodes) > len(shown):
+            lines += [
+                "",
+                f"*Truncated: {len(result.nodes) - len(shown)} more rows in `nodes.csv`.*",
+            ]
+        lines += ["", "</details>"]
+    if result.not_probed:
+        lines += ["", f"{len(result.not_probed)} tensors inside subgraphs were not probed."]
+    if result.notes:
+        lines += ["", "**Notes**", ""] + [f"- {n}" for n in result.notes]
+    runs = ", ".join(f"{k}: {v}" for k, v in result.runs.items())
+    total = result.timings.get("total", 0.0)
+    lines += ["", f"<sub>strategy {result.strategy}; runs {runs}; {total:.2f}s</sub>", ""]
+    return "\n".join(lines)
+
+
+def _summary(result: BisectResult) -> list[str]:
+    if not result.diverged:
+        return [f"**No divergence**: every final output passes {result.criterion.describe()}."]
+    out = ["**Diverged.**", ""]
+    fd = result.first_divergence
+    if fd is not None and fd.accumulated is not None:
+        acc = fd.accumulated
+        out.append(
+            f"- **First divergence:** {node_label(fd)}, tensor `{fd.tensor}`: "
+            f"{result.criterion.key} = {fmt(acc.score)}, max_abs = {fmt(acc.metrics.get('max_abs'))}"
+            + (f" ({acc.reason})" if acc.status.value != "diverged" else "")
+        )
+    else:
+        out.append("- **First divergence:** none among the probed tensors.")
+    rc = result.root_cause
+    if rc is not None:
+        names = ", ".join(f"`{n}`" for n in rc.nodes) or "—"
+        out.append(f"- **Root cause ({rc.kind}):** {names}. {rc.reason}")
+    return out
+
+
+def _table(result: BisectResult, nodes: list[NodeResult]) -> list[str]:
+    key = result.criterion.key
+    rows = [
+        f"| # | node | op | verdict | accumulated {key} | isolated {key} | amplification | tensor |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n in nodes:
+        rows.append(
+            f"| {n.index} | `{n.name}` | {n.op_type} | {n.verdict.value} | "
+            f"{fmt(n.accumulated_error)} | {fmt(n.isolated_error)} | {fmt_amp(n.amplification)} | "
+            f"`{n.tensor or ''}` |"
+        )
+    return rows
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")

@@ -1,0 +1,73 @@
+"""The rich terminal summary."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from onnx_bisect.report.format import fmt, fmt_amp
+
+if TYPE_CHECKING:
+    from onnx_bisect.result import BisectResult
+
+__all__ = ["print_summary"]
+
+_VERDICT_STYLE = {
+    "culprit": "bold red",
+    "propagated": "yellow",
+    "unsupported": "magenta",
+    "failed": "magenta",
+    "ok": "green",
+}
+
+
+def print_summary(result: BisectResult, console: Console | None = None, top: int = 10) -> None:
+    console = console or Console()
+    head = f"[bold]{result.target.spec}[/] vs [bold]{result.ref.spec}[/] on {result.model}"
+    if not result.diverged:
+        console.print(
+            f"[green]No divergence[/]: {head}: all {len(result.outputs)} output(s) pass "
+            f"{result.criterion.describe()} ({result.timings.get('total', 0.0):.2f}s)"
+        )
+        return
+    console.print(f"[bold red]Diverged[/]: {head}")
+    for c in result.outputs:
+        if c.diverged:
+            console.print(
+                f"  output [bold]{c.tensor}[/]: {c.status.value}, "
+                f"rel_l2={fmt(c.metrics.get('rel_l2'))} max_abs={fmt(c.metrics.get('max_abs'))}"
+            )
+    fd = result.first_divergence
+    if fd is not None and fd.accumulated is not None:
+        m = fd.accumulated.metrics
+        console.print(
+            f"[bold]First divergence[/]: {fd.op_type} [cyan]{fd.name}[/] (#{fd.index}) "
+            f"tensor {fd.tensor}: rel_l2={fmt(m.get('rel_l2'))} max_abs={fmt(m.get('max_abs'))} "
+            f"cosine={fmt(m.get('cosine'))}"
+        )
+    else:
+        console.print("[bold]First divergence[/]: none among the probed tensors")
+    rc = result.root_cause
+    if rc is not None:
+        names = ", ".join(rc.nodes) or "—"
+        console.print(f"[bold]Root cause[/] ([red]{rc.kind}[/]): [cyan]{names}[/] — {rc.reason}")
+    if result.nodes:
+        table = Table(title=f"Top {top} nodes by accumulated error", show_lines=False)
+        key = result.criterion.key
+        for col in ("#", "node", "op", "verdict", f"acc {key}", f"iso {key}", "amp"):
+            table.add_column(col, overflow="fold")
+        for n in result.top(top):
+            style = _VERDICT_STYLE.get(n.verdict.value, "")
+            table.add_row(
+                str(n.index), n.name, n.op_type, f"[{style}]{n.verdict.value}[/]" if style else
+                n.verdict.value, fmt(n.accumulated_error), fmt(n.isolated_error),
+                fmt_amp(n.amplification),
+            )
+        console.print(table)
+    for note in result.notes:
+        console.print(f"[dim]note:[/] {note}")
+    runs = ", ".join(f"{k} {v}" for k, v in result.runs.items())
+    steps = ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items())
+    console.print(f"[dim]strategy {result.strategy}; runs: {runs}; {steps}[/]")

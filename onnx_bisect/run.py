@@ -1,0 +1,127 @@
+"""Running a backend with probes: memory-bounded chunks and an on-disk tensor cache.
+
+The reference's probe values are needed twice, to compare against the target and to feed the
+isolation model, so they are written to disk once and memory-mapped back: a model whose
+activations exceed RAM can still be diagnosed within ``max_memory``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+
+from onnx_bisect.adapters.base import Backend, Tensors
+from onnx_bisect.model import TensorMeta, with_outputs
+
+__all__ = ["RunStats", "TensorStore", "plan_chunks", "run_chunked", "timed_run"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunStats:
+    """Mutable tallies for the report: runs and seconds spent per backend role."""
+
+    runs: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def record(self, role: str, seconds: float) -> None:
+        self.runs[role] = self.runs.get(role, 0) + 1
+        self.seconds[role] = self.seconds.get(role, 0.0) + seconds
+
+
+def plan_chunks(
+    names: Sequence[str], sizes: Mapping[str, int | None], budget: int
+) -> list[list[str]]:
+    """Split ``names`` (kept in order) into runs whose outputs fit ``budget`` bytes.
+
+    A tensor of unknown size counts as the largest known one; one over budget runs alone.
+    """
+    known = [s for s in sizes.values() if s is not None]
+    fallback = max(known) if known else 0
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    used = 0
+    for name in names:
+        size = sizes.get(name)
+        size = fallback if size is None else size
+        if current and used + size > budget:
+            chunks.append(current)
+            current, used = [], 0
+        current.append(name)
+        used += size
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+class TensorStore:
+    """Arrays kept as .npy files under a directory and read back memory-mapped."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self._files: dict[str, Path] = {}
+        self._meta: dict[str, TensorMeta] = {}
+
+    def put(self, name: str, value: npt.NDArray[Any]) -> None:
+        safe = re.sub(r"[^\w.-]", "_", name)[:80]
+        path = self.directory / f"{len(self._files):06d}_{safe}.npy"
+        np.save(path, np.ascontiguousarray(value), allow_pickle=False)
+        self._files[name] = path
+        self._meta[name] = TensorMeta(np.dtype(value.dtype), tuple(value.shape))
+
+    def get(self, name: str) -> npt.NDArray[Any]:
+        arr: npt.NDArray[Any] = np.load(self._files[name], mmap_mode="r", allow_pickle=False)
+        return arr
+
+    def meta(self, name: str) -> TensorMeta:
+        return self._meta[name]
+
+    def nbytes(self, name: str) -> int:
+        m = self._meta[name]
+        return int(np.prod(m.shape, dtype=np.int64)) * m.dtype.itemsize
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._files
+
+    @property
+    def metas(self) -> Mapping[str, TensorMeta]:
+        return self._meta
+
+
+def timed_run(
+    backend: Backend,
+    model: onnx.ModelProto,
+    feeds: Mapping[str, npt.NDArray[Any]],
+    role: str,
+    stats: RunStats,
+) -> Tensors:
+    start = time.perf_counter()
+    try:
+        return backend.run(model, feeds)
+    finally:
+        stats.record(role, time.perf_counter() - start)
+
+
+def run_chunked(
+    backend: Backend,
+    model: onnx.ModelProto,
+    chunks: Sequence[Sequence[str]],
+    feeds: Mapping[str, npt.NDArray[Any]],
+    role: str,
+    stats: RunStats,
+) -> Iterator[Tensors]:
+    """Run ``model`` once per chunk with that chunk's tensors as outputs; yields each result."""
+    for i, chunk in enumerate(chunks):
+        log.debug("%s: probe run %d/%d (%d tensors)", role, i + 1, len(chunks), len(chunk))
+        yield timed_run(backend, with_outputs(model, chunk), feeds, role, stats)
