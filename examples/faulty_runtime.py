@@ -57,7 +57,9 @@ def main(argv: list[str]) -> int:
     model = onnx.load(args.model)
     for node in model.graph.node:
         if node.op_type in args.reject:
-            print(f"error: op {node.op_type} (node {node.name}) is not implemented", file=sys.stderr)
+            print(
+                f"error: op {node.op_type} (node {node.name}) is not implemented", file=sys.stderr
+            )
             return 2
     for fault in args.fault:
         name, _, frac = fault.rpartition("=")

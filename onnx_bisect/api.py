@@ -59,8 +59,10 @@ def bisect(
     timings: dict[str, float] = {}
     loaded = load_model(model)
     feeds = make_feeds(
-        loaded.model, inputs=Path(inputs) if isinstance(inputs, str) else inputs,
-        shapes=shapes, seed=seed,
+        loaded.model,
+        inputs=Path(inputs) if isinstance(inputs, str) else inputs,
+        shapes=shapes,
+        seed=seed,
     )
     ref_b, tgt_b = _backend(ref), _backend(target)
     timings["load"] = time.perf_counter() - t0
@@ -84,8 +86,15 @@ def bisect(
     if not any(c.diverged for c in outputs):
         timings["total"] = time.perf_counter() - t0
         return BisectResult(
-            verdict="match", strategy="screen", first_divergence=None, root_cause=None,
-            nodes=(), timings=timings, runs=dict(stats.runs), notes=tuple(notes), **common,
+            verdict="match",
+            strategy="screen",
+            first_divergence=None,
+            root_cause=None,
+            nodes=(),
+            timings=timings,
+            runs=dict(stats.runs),
+            notes=tuple(notes),
+            **common,
         )
 
     sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))

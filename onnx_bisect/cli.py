@@ -65,8 +65,12 @@ def run_command(
     seed: Annotated[int, typer.Option(help="Seed for generated inputs.")] = 0,
     metric: Annotated[MetricName, typer.Option(help="Metric that decides divergence.")] = "rel_l2",  # type: ignore[assignment]
     threshold: Annotated[float, typer.Option(help="Divergence threshold for --metric.")] = 1e-3,
-    atol: Annotated[float | None, typer.Option(help="Use allclose semantics with this atol.")] = None,
-    rtol: Annotated[float | None, typer.Option(help="Use allclose semantics with this rtol.")] = None,
+    atol: Annotated[
+        float | None, typer.Option(help="Use allclose semantics with this atol.")
+    ] = None,
+    rtol: Annotated[
+        float | None, typer.Option(help="Use allclose semantics with this rtol.")
+    ] = None,
     max_memory: Annotated[
         str, typer.Option(help="Most probe output bytes one run may hold, e.g. 4GB, 256MB.")
     ] = "4GB",
@@ -89,9 +93,17 @@ def run_command(
         shapes = dict(parse_shape(s) for s in shape or [])
         formats = [f.strip() for f in format.split(",") if f.strip()]
         result = run_bisect(
-            model, ref=ref, target=target, inputs=input, shapes=shapes, seed=seed,
+            model,
+            ref=ref,
+            target=target,
+            inputs=input,
+            shapes=shapes,
+            seed=seed,
             metric=str(metric.value if isinstance(metric, Enum) else metric),
-            threshold=threshold, atol=atol, rtol=rtol, max_memory=parse_bytes(max_memory),
+            threshold=threshold,
+            atol=atol,
+            rtol=rtol,
+            max_memory=parse_bytes(max_memory),
             command=command,
         )
         written = result.write(out, formats) if out is not None else []

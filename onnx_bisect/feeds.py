@@ -21,6 +21,7 @@ __all__ = [
     "load_feeds",
     "make_feeds",
     "parse_shape",
+    "save_npz",
     "validate_feeds",
 ]
 
@@ -63,7 +64,9 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     try:
         shape = tuple(int(d) for d in re.split(r"[x,]", dims.strip()) if d != "")
     except ValueError:
-        raise InputError(f"--shape {text!r}: dims must be integers, e.g. {name}=1x3x640x640") from None
+        raise InputError(
+            f"--shape {text!r}: dims must be integers, e.g. {name}=1x3x640x640"
+        ) from None
     if any(d < 0 for d in shape):
         raise InputError(f"--shape {text!r}: dims must be >= 0")
     return name, shape
@@ -126,7 +129,10 @@ def generate_feeds(
             feeds[spec.name] = rng.random(shape) < 0.5
         elif np.issubdtype(dt, np.integer):
             # Byte types are pixels or quantized values and use their full range.
-            lo, hi = (int(np.iinfo(dt).min), int(np.iinfo(dt).max) + 1) if dt.itemsize == 1 else (0, 10)
+            lo, hi = 0, 10
+            if dt.itemsize == 1:
+                info = np.iinfo(dt.type)  # type: ignore[type-var]
+                lo, hi = int(info.min), int(info.max) + 1
             feeds[spec.name] = rng.integers(lo, hi, size=shape).astype(dt)
         elif np.issubdtype(dt, np.floating):
             feeds[spec.name] = rng.random(shape, dtype=np.float64).astype(dt)
@@ -178,7 +184,9 @@ def _load_pb_dir(path: Path, specs: Sequence[InputSpec]) -> Feeds:
     return feeds
 
 
-def validate_feeds(feeds: Mapping[str, npt.NDArray[np.generic]], specs: Sequence[InputSpec]) -> None:
+def validate_feeds(
+    feeds: Mapping[str, npt.NDArray[np.generic]], specs: Sequence[InputSpec]
+) -> None:
     """Names, rank, static dims and dtype, checked before any backend sees the data."""
     names = {s.name for s in specs}
     extra = sorted(set(feeds) - names)
@@ -227,3 +235,9 @@ def make_feeds(
         feeds = {k: np.asarray(v) for k, v in inputs.items()}
     validate_feeds(feeds, specs)
     return feeds
+
+
+def save_npz(path: Path, tensors: Mapping[str, npt.NDArray[np.generic]]) -> None:
+    """Write tensors keyed by name; any tensor name, slashes included, round-trips."""
+    arrays: dict[str, npt.NDArray[np.generic]] = {k: np.asarray(v) for k, v in tensors.items()}
+    np.savez(path, **arrays)  # type: ignore[arg-type]

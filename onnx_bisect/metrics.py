@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 import numpy as np
 import numpy.typing as npt
@@ -166,7 +166,7 @@ class Criterion:
         return value < self.threshold
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     OK = "ok"
     DIVERGED = "diverged"
     NONFINITE = "nonfinite-mismatch"
@@ -204,31 +204,43 @@ def _kind(a: Array) -> str:
     return a.dtype.name
 
 
-def compare_tensors(name: str, ref: Array | None, target: Array | None, crit: Criterion) -> Comparison:
+def compare_tensors(
+    name: str, ref: Array | None, target: Array | None, crit: Criterion
+) -> Comparison:
     """Compare one tensor. Non-float tensors must match exactly; NaN/Inf placement must agree."""
     if ref is None or target is None:
         missing = "target" if target is None else "reference"
         return Comparison(name, Status.MISSING, math.nan, reason=f"{missing} did not produce it")
     ref, target = np.asarray(ref), np.asarray(target)
-    dtypes = {"ref_dtype": str(ref.dtype), "target_dtype": str(target.dtype)}
+    rd, td = str(ref.dtype), str(target.dtype)
     if ref.shape != target.shape:
         return Comparison(
-            name, Status.SHAPE, math.nan, shape=tuple(ref.shape), **dtypes,
+            name,
+            Status.SHAPE,
+            math.nan,
+            shape=tuple(ref.shape),
+            ref_dtype=rd,
+            target_dtype=td,
             reason=f"shape {tuple(target.shape)} != reference {tuple(ref.shape)}",
         )
     kr, kt = _kind(ref), _kind(target)
     if kr != kt:
         return Comparison(
-            name, Status.DTYPE, math.nan, shape=tuple(ref.shape), **dtypes,
+            name,
+            Status.DTYPE,
+            math.nan,
+            shape=tuple(ref.shape),
+            ref_dtype=rd,
+            target_dtype=td,
             reason=f"dtype {target.dtype} != reference {ref.dtype}",
         )
     if kr != "float":
-        return _compare_exact(name, ref, target, crit, dtypes)
-    return _compare_float(name, ref, target, crit, dtypes)
+        return _compare_exact(name, ref, target, crit, rd, td)
+    return _compare_float(name, ref, target, crit, rd, td)
 
 
 def _compare_exact(
-    name: str, ref: Array, target: Array, crit: Criterion, dtypes: Mapping[str, str]
+    name: str, ref: Array, target: Array, crit: Criterion, rd: str, td: str
 ) -> Comparison:
     differ = int(np.count_nonzero(ref != target))
     metrics = {m.name: m.fn(ref, target) for m in METRICS.values()}
@@ -236,11 +248,20 @@ def _compare_exact(
     score = metrics[crit.key]
     status = Status.DIVERGED if differ else Status.OK
     reason = f"{differ} of {ref.size} elements differ (exact comparison)" if differ else ""
-    return Comparison(name, status, score, metrics, shape=tuple(ref.shape), reason=reason, **dtypes)
+    return Comparison(
+        name,
+        status,
+        score,
+        metrics,
+        shape=tuple(ref.shape),
+        reason=reason,
+        ref_dtype=rd,
+        target_dtype=td,
+    )
 
 
 def _compare_float(
-    name: str, ref: Array, target: Array, crit: Criterion, dtypes: Mapping[str, str]
+    name: str, ref: Array, target: Array, crit: Criterion, rd: str, td: str
 ) -> Comparison:
     r, t = _f64(ref), _f64(target)
     # NaN and Inf must sit at the same places with the same sign; elsewhere we compare values.
@@ -261,6 +282,13 @@ def _compare_float(
     else:
         status, reason = Status.OK, ""
     return Comparison(
-        name, status, score, metrics, shape=tuple(ref.shape),
-        nonfinite_mismatch=nonfinite, reason=reason, **dtypes,
+        name,
+        status,
+        score,
+        metrics,
+        shape=tuple(ref.shape),
+        nonfinite_mismatch=nonfinite,
+        reason=reason,
+        ref_dtype=rd,
+        target_dtype=td,
     )

@@ -247,7 +247,8 @@ def _toposort(graph: onnx.GraphProto, notes: list[str]) -> None:
 def _subgraph_tensors(graph: onnx.GraphProto) -> Iterable[NotProbed]:
     for node in graph.node:
         if node.op_type not in _SUBGRAPH_OPS and not any(
-            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
+            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+            for a in node.attribute
         ):
             continue
         for attr in node.attribute:
@@ -354,7 +355,9 @@ def isolation_model(
     return out, feeds
 
 
-def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+def fix_input_shapes(
+    model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
+) -> onnx.ModelProto:
     """A copy with concrete input dims, re-inferred so that every probe's size is known."""
     out = onnx.ModelProto()
     out.CopyFrom(model)

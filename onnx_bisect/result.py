@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ __all__ = ["BackendInfo", "BisectResult", "NodeResult", "RootCause", "Verdict"]
 SCHEMA = "onnx-bisect/report/v1"
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     OK = "ok"
     CULPRIT = "culprit"
     PROPAGATED = "propagated"
@@ -188,11 +188,15 @@ class BisectResult:
             "command": self.command,
             "runs": dict(self.runs),
             "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
-            "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in self.inputs.items()},
+            "inputs": {
+                k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in self.inputs.items()
+            },
             "notes": list(self.notes),
         }
 
-    def write(self, out_dir: str | Path, formats: Sequence[str] = ("md", "json", "csv")) -> list[Path]:
+    def write(
+        self, out_dir: str | Path, formats: Sequence[str] = ("md", "json", "csv")
+    ) -> list[Path]:
         """Write the reports and ``inputs.npz``; returns the paths written."""
         from onnx_bisect.report import write_reports
 

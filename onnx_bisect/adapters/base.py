@@ -88,7 +88,9 @@ def parse_spec(text: str) -> BackendSpec:
     head, *transforms = raw.split("+")
     m = _SPEC.match(head)
     if not m:
-        raise SpecError(f"cannot parse backend spec {text!r}; expected NAME[:DEVICE][?key=value&...]")
+        raise SpecError(
+            f"cannot parse backend spec {text!r}; expected NAME[:DEVICE][?key=value&...]"
+        )
     name, device = m["name"].lower(), m["device"] or None
     if name in ALIASES:
         if device is not None:

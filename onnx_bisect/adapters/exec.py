@@ -22,6 +22,7 @@ import onnx
 
 from onnx_bisect.adapters.base import BackendBase, BackendSpec, Tensors
 from onnx_bisect.errors import BackendError, SpecError
+from onnx_bisect.feeds import save_npz
 from onnx_bisect.model import save_model
 
 __all__ = ["PLACEHOLDERS", "ExecBackend"]
@@ -58,7 +59,7 @@ class ExecBackend(BackendBase):
                 "{outputs}": str(d / "outputs.npz"),
             }
             wanted = {i.name for i in model.graph.input}
-            np.savez(paths["{inputs}"], **{k: v for k, v in feeds.items() if k in wanted})
+            save_npz(Path(paths["{inputs}"]), {k: v for k, v in feeds.items() if k in wanted})
             argv = [_substitute(a, paths) for a in self.argv]
             try:
                 proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout)
@@ -67,9 +68,8 @@ class ExecBackend(BackendBase):
             except subprocess.TimeoutExpired:
                 raise BackendError(f"{self.spec.text}: timed out after {self.timeout}s") from None
             if proc.returncode != 0:
-                raise BackendError(
-                    f"{self.spec.text}: exited with {_status(proc.returncode)}: {_tail(proc.stderr)}"
-                )
+                status = _status(proc.returncode)
+                raise BackendError(f"{self.spec.text}: exited with {status}: {_tail(proc.stderr)}")
             out_path = Path(paths["{outputs}"])
             if not out_path.exists():
                 raise BackendError(

@@ -38,8 +38,9 @@ class OrtBackend(BackendBase):
         spec.check_options(["opt", "disable", "threads"])
         device = spec.device or "cpu"
         if device not in PROVIDERS:
+            choices = ", ".join(PROVIDERS)
             raise SpecError(
-                f"backend {spec.text!r}: unknown device {device!r}; choose from {', '.join(PROVIDERS)}"
+                f"backend {spec.text!r}: unknown device {device!r}; choose from {choices}"
             )
         provider = PROVIDERS[device]
         available = ort.get_available_providers()
@@ -48,10 +49,14 @@ class OrtBackend(BackendBase):
                 f"backend {spec.text!r}: this onnxruntime {ort.__version__} build has no {provider}"
                 f" (available: {', '.join(available)}); install the onnxruntime package for it"
             )
-        self.providers = [provider] if provider == "CPUExecutionProvider" else [
-            provider,
-            "CPUExecutionProvider",
-        ]
+        self.providers = (
+            [provider]
+            if provider == "CPUExecutionProvider"
+            else [
+                provider,
+                "CPUExecutionProvider",
+            ]
+        )
         opt = spec.option("opt", "all") or "all"
         if opt not in _OPT_LEVELS:
             raise SpecError(f"backend {spec.text!r}: opt must be one of {', '.join(_OPT_LEVELS)}")
@@ -93,7 +98,9 @@ class OrtBackend(BackendBase):
         if self.disabled:
             kwargs["disabled_optimizers"] = self.disabled
         if model.ByteSize() < _BYTES_LIMIT:
-            sess = ort.InferenceSession(model.SerializeToString(), self._session_options(), **kwargs)
+            sess = ort.InferenceSession(
+                model.SerializeToString(), self._session_options(), **kwargs
+            )
             return self._infer(sess, feeds)
         with tempfile.TemporaryDirectory(prefix="onnx-bisect-ort-") as tmp:
             path = save_model(model, Path(tmp))

@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
+from onnx_bisect.feeds import save_npz
 from onnx_bisect.report.markdown import render_markdown
 
 if TYPE_CHECKING:
@@ -22,7 +21,9 @@ _KNOWN = ("md", "json", "csv")
 def write_reports(result: BisectResult, out_dir: Path, formats: Sequence[str]) -> list[Path]:
     unknown = sorted(set(formats) - set(_KNOWN))
     if unknown:
-        raise ValueError(f"unknown report format(s) {', '.join(unknown)}; known: {', '.join(_KNOWN)}")
+        raise ValueError(
+            f"unknown report format(s) {', '.join(unknown)}; known: {', '.join(_KNOWN)}"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     if "json" in formats:
@@ -38,6 +39,6 @@ def write_reports(result: BisectResult, out_dir: Path, formats: Sequence[str]) -
         result.nodes_frame().to_csv(path, index=False)
         written.append(path)
     path = out_dir / "inputs.npz"
-    np.savez(path, **{k: np.asarray(v) for k, v in result.inputs.items()})
+    save_npz(path, result.inputs)
     written.append(path)
     return written

@@ -66,7 +66,8 @@ def _summary(result: BisectResult) -> list[str]:
         acc = fd.accumulated
         out.append(
             f"- **First divergence:** {node_label(fd)}, tensor `{fd.tensor}`: "
-            f"{result.criterion.key} = {fmt(acc.score)}, max_abs = {fmt(acc.metrics.get('max_abs'))}"
+            f"{result.criterion.key} = {fmt(acc.score)}, "
+            f"max_abs = {fmt(acc.metrics.get('max_abs'))}"
             + (f" ({acc.reason})" if acc.status.value != "diverged" else "")
         )
     else:
@@ -81,7 +82,8 @@ def _summary(result: BisectResult) -> list[str]:
 def _table(result: BisectResult, nodes: list[NodeResult]) -> list[str]:
     key = result.criterion.key
     rows = [
-        f"| # | node | op | verdict | accumulated {key} | isolated {key} | amplification | tensor |",
+        f"| # | node | op | verdict | accumulated {key} | isolated {key} | amplification "
+        "| tensor |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for n in nodes:

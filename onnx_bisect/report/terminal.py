@@ -61,8 +61,12 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
         for n in result.top(top):
             style = _VERDICT_STYLE.get(n.verdict.value, "")
             table.add_row(
-                str(n.index), n.name, n.op_type, f"[{style}]{n.verdict.value}[/]" if style else
-                n.verdict.value, fmt(n.accumulated_error), fmt(n.isolated_error),
+                str(n.index),
+                n.name,
+                n.op_type,
+                f"[{style}]{n.verdict.value}[/]" if style else n.verdict.value,
+                fmt(n.accumulated_error),
+                fmt(n.isolated_error),
                 fmt_amp(n.amplification),
             )
         console.print(table)
