@@ -76,7 +76,7 @@ class TensorStore:
     def put(self, name: str, value: npt.NDArray[Any]) -> None:
         safe = re.sub(r"[^\w.-]", "_", name)[:80]
         path = self.directory / f"{len(self._files):06d}_{safe}.npy"
-        np.save(path, np.ascontiguousarray(value), allow_pickle=False)
+        np.save(path, np.asarray(value, order="C"), allow_pickle=False)  # keeps 0-d shapes
         self._files[name] = path
         self._meta[name] = TensorMeta(np.dtype(value.dtype), tuple(value.shape))
 

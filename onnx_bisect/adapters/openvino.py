@@ -20,7 +20,7 @@ from onnx_bisect.adapters.base import BackendBase, BackendSpec, Tensors
 from onnx_bisect.errors import BackendUnavailableError, SpecError
 from onnx_bisect.model import save_model
 
-__all__ = ["OpenVinoBackend"]
+__all__ = ["OpenVinoBackend", "default_precision"]
 
 _PRECISIONS = {"f32": "f32", "fp32": "f32", "bf16": "bf16", "f16": "f16", "fp16": "f16"}
 
@@ -30,6 +30,13 @@ def _core() -> Any:
     import openvino as ov
 
     return ov.Core()
+
+
+def default_precision(device: str = "CPU") -> str:
+    """What OpenVINO runs at when not told: bf16 on CPUs with AVX512-BF16/AMX, else f32."""
+    hint = _core().get_property(device, "INFERENCE_PRECISION_HINT")
+    name = hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint)
+    return str(name)
 
 
 class OpenVinoBackend(BackendBase):
@@ -82,9 +89,7 @@ class OpenVinoBackend(BackendBase):
         return out
 
     def describe(self) -> str:
-        precision = self.precision or str(
-            _core().get_property(self.device, "INFERENCE_PRECISION_HINT")
-        )
+        precision = self.precision or default_precision(self.device)
         return f"OpenVINO {self.device} precision={precision}"
 
     def versions(self) -> dict[str, str]:

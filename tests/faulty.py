@@ -1,0 +1,53 @@
+"""Fault-planting test backends: ONNX Runtime with one node made wrong, or one op refused.
+
+The planting itself comes from examples/faulty_runtime.py, so the in-process test adapter and
+the exec: runtime share exactly one definition of "the fault".
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from typing import Any
+
+import numpy.typing as npt
+import onnx
+
+from onnx_bisect.adapters.base import BackendBase, BackendSpec, Tensors, create_backend
+from onnx_bisect.errors import BackendError
+from tests.models import FAULTY_RUNTIME
+
+_spec = importlib.util.spec_from_file_location("faulty_runtime", FAULTY_RUNTIME)
+assert _spec and _spec.loader
+faulty_runtime = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(faulty_runtime)
+plant_fault = faulty_runtime.plant_fault
+
+
+class FaultyBackend(BackendBase):
+    """ORT CPU, except that node ``node`` outputs (1 + factor) times the right value."""
+
+    def __init__(self, node: str, factor: float = 0.05, base: str = "cpu") -> None:
+        super().__init__(BackendSpec(text=f"faulty({node}×{1 + factor:g})", name="faulty"))
+        self.node, self.factor = node, factor
+        self.inner = create_backend(base)
+        self.runs = 0
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        self.runs += 1
+        return self.inner.run(plant_fault(model, self.node, self.factor), feeds)
+
+
+class RefusingBackend(BackendBase):
+    """ORT CPU that lacks a kernel for ``op_type``, like a young runtime."""
+
+    def __init__(self, op_type: str) -> None:
+        super().__init__(BackendSpec(text=f"refusing({op_type})", name="refusing"))
+        self.op_type = op_type
+        self.inner = create_backend("cpu")
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        for node in model.graph.node:
+            if node.op_type == self.op_type:
+                raise BackendError(f"op {self.op_type} is not implemented (node {node.name})")
+        return self.inner.run(model, feeds)

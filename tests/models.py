@@ -1,0 +1,140 @@
+"""Tiny models built with onnx.helper, and paths to the shipped example models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parents[1]
+YOLO = ROOT / "examples" / "models" / "yolo_like.onnx"
+TRANSFORMER = ROOT / "examples" / "models" / "transformer_block.onnx"
+FAULTY_RUNTIME = ROOT / "examples" / "faulty_runtime.py"
+
+OPSET = 18
+IR = 10  # what onnxruntime 1.18+ loads
+
+
+def make(
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    initializers: list[onnx.TensorProto] | None = None,
+) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=initializers or [])
+    return helper.make_model(graph, ir_version=IR, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def chain(n: int = 4, width: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """x -> (MatMul W_i -> Tanh) * n -> y, with named nodes ``mm{i}`` and ``act{i}``."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    prev = "x"
+    for i in range(n):
+        w = numpy_helper.from_array(
+            (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32), f"W{i}"
+        )
+        inits.append(w)
+        nodes.append(helper.make_node("MatMul", [prev, f"W{i}"], [f"h{i}"], name=f"mm{i}"))
+        out = "y" if i == n - 1 else f"a{i}"
+        nodes.append(helper.make_node("Tanh", [f"h{i}"], [out], name=f"act{i}"))
+        prev = out
+    return make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])],
+        inits,
+    )
+
+
+def residual(blocks: int = 3, width: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """Residual blocks: h = x + Tanh(MatMul(x, W)); the Adds carry error forward."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    prev = "x"
+    for i in range(blocks):
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"W{i}"))
+        nodes += [
+            helper.make_node("MatMul", [prev, f"W{i}"], [f"m{i}"], name=f"mm{i}"),
+            helper.make_node("Tanh", [f"m{i}"], [f"t{i}"], name=f"act{i}"),
+            helper.make_node("Add", [prev, f"t{i}"], [f"r{i}"], name=f"add{i}"),
+        ]
+        prev = f"r{i}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"], name="out"))
+    return make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])],
+        inits,
+    )
+
+
+def unsorted() -> onnx.ModelProto:
+    """A valid graph stored in the wrong order: the consumer comes before its producer."""
+    m = chain(2)
+    nodes = list(m.graph.node)
+    del m.graph.node[:]
+    m.graph.node.extend(list(reversed(nodes)))
+    return m
+
+
+def with_if() -> onnx.ModelProto:
+    """Relu, then an If whose branches hold tensors that cannot be probed."""
+    then_g = helper.make_graph(
+        [helper.make_node("Neg", ["r"], ["then_out"], name="neg")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("then_out", TensorProto.FLOAT, [4])],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Abs", ["r"], ["else_out"], name="abs")],
+        "else",
+        [],
+        [helper.make_tensor_value_info("else_out", TensorProto.FLOAT, [4])],
+    )
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("ReduceSum", ["r"], ["s"], name="sum", keepdims=0),
+        helper.make_node("Greater", ["s", "zero"], ["c"], name="gt"),
+        helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then_g, else_branch=else_g),
+    ]
+    return make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [numpy_helper.from_array(np.array(0.0, np.float32), "zero")],
+    )
+
+
+def int_output() -> onnx.ModelProto:
+    """x -> ArgMax -> idx (int64): integer tensors are compared exactly."""
+    nodes = [helper.make_node("ArgMax", ["x"], ["idx"], name="argmax", axis=1, keepdims=0)]
+    return make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])],
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, [2])],
+    )
+
+
+def two_inputs() -> onnx.ModelProto:
+    """a[seq, 4] float, mask[seq, 4] bool -> Where(mask, a, 0)."""
+    nodes = [helper.make_node("Where", ["mask", "a", "zero"], ["y"], name="where")]
+    return make(
+        nodes,
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, ["seq", 4]),
+            helper.make_tensor_value_info("mask", TensorProto.BOOL, ["seq", 4]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", 4])],
+        [numpy_helper.from_array(np.array(0.0, np.float32), "zero")],
+    )
+
+
+def first_conv(model_path: Path = YOLO, skip: int = 0) -> str:
+    """Name of the (skip+1)-th Conv in a model file."""
+    m = onnx.load(str(model_path))
+    convs = [n.name for n in m.graph.node if n.op_type == "Conv"]
+    return convs[skip]
