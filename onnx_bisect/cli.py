@@ -52,7 +52,10 @@ def parse_bytes(text: str) -> int:
 
 
 def run_command(
-    model: Annotated[Path, typer.Argument(help="The ONNX model to diagnose.", show_default=False)],
+    model: Annotated[
+        Path,
+        typer.Argument(help="The ONNX model to diagnose.", metavar="MODEL", show_default=False),
+    ],
     target: Annotated[str, typer.Option("--target", "-t", help="Backend under test (spec).")],
     ref: Annotated[str, typer.Option("--ref", "-r", help="Trusted backend (spec).")] = "cpu",
     input: Annotated[

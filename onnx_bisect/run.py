@@ -20,6 +20,7 @@ import numpy.typing as npt
 import onnx
 
 from onnx_bisect.adapters.base import Backend, Tensors
+from onnx_bisect.errors import BackendError
 from onnx_bisect.model import TensorMeta, with_outputs
 
 __all__ = ["RunStats", "TensorStore", "plan_chunks", "run_chunked", "timed_run"]
@@ -109,6 +110,9 @@ def timed_run(
     start = time.perf_counter()
     try:
         return backend.run(model, feeds)
+    except BackendError as exc:
+        who = "reference" if role == "ref" else role
+        raise BackendError(f"{who} failed: {exc}", node=exc.node) from exc
     finally:
         stats.record(role, time.perf_counter() - start)
 
