@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
 
 from onnx_bisect.adapters.base import Backend
@@ -152,10 +153,26 @@ def _run_isolated(
     batch: Sequence[NodeInfo],
     stats: RunStats,
 ) -> dict[str, npt.NDArray[Any]]:
-    model, fed = isolation_model(loaded, batch, store.metas)
+    constants = {t: store.get(t) for n in batch for t in n.inputs if _is_constant(t, loaded, store)}
+    model, fed = isolation_model(loaded, batch, store.metas, constants)
     iso_feeds = {k: v for k, v in feeds.items()}
     iso_feeds.update({name: store.get(tensor) for name, tensor in fed.items()})
     return timed_run(target, model, iso_feeds, "target", stats)
+
+
+# Integer tensors this small are shapes, axes and indices: values the graph treats as constants.
+_SMALL_INT = 64
+
+
+def _is_constant(tensor: str, loaded: LoadedModel, store: TensorStore) -> bool:
+    if tensor not in store:
+        return False
+    producer = loaded.producer.get(tensor)
+    if producer is not None and producer.op_type == "Constant":
+        return True
+    meta = store.meta(tensor)
+    small = int(np.prod(meta.shape, dtype=np.int64)) <= _SMALL_INT
+    return small and not np.issubdtype(meta.dtype, np.floating)
 
 
 def judge(

@@ -13,10 +13,12 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from onnx_bisect.errors import ModelLoadError
 
@@ -282,14 +284,20 @@ def with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProt
 
 
 def isolation_model(
-    loaded: LoadedModel, nodes: Sequence[NodeInfo], meta: Mapping[str, TensorMeta]
+    loaded: LoadedModel,
+    nodes: Sequence[NodeInfo],
+    meta: Mapping[str, TensorMeta],
+    constants: Mapping[str, npt.NDArray[Any]] | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, str]]:
     """A model in which each of ``nodes`` reads its activations from fresh graph inputs.
 
     Fed with the reference's tensors, one run of it gives every node's *isolated* output: the
-    node computed on the target from exactly the reference's inputs. Returns the model and a
-    map from each new graph-input name to the original tensor it stands for.
+    node computed on the target from exactly the reference's inputs. Tensors in ``constants``
+    are embedded as initializers instead: runtimes need shape and axes operands to be constant
+    (OpenVINO's CPU plugin rejects an Unsqueeze whose axes are an input). Returns the model and
+    a map from each new graph-input name to the original tensor it stands for.
     """
+    constants = constants or {}
     src = loaded.model.graph
     graph_inputs = {i.name: i for i in src.input}
     inits = {t.name: t for t in src.initializer}
@@ -299,9 +307,18 @@ def isolation_model(
     feeds: dict[str, str] = {}
     used_inits: set[str] = set()
     used_inputs: set[str] = set()
+    embedded: dict[str, str] = {}
 
     def feed_name(tensor: str) -> str:
         if tensor not in feed_for:
+            if tensor in constants:
+                name = f"const__{tensor}"
+                while name in taken:
+                    name += "_"
+                taken.add(name)
+                feed_for[tensor] = name
+                embedded[name] = tensor
+                return name
             name, k = f"ref__{tensor}", 1
             while name in taken:
                 name, k = f"ref__{tensor}__{k}", k + 1
@@ -347,7 +364,8 @@ def isolation_model(
         f"{src.name or 'graph'}_isolated",
         inputs,
         outputs,
-        initializer=[inits[n] for n in inits if n in used_inits],
+        initializer=[inits[n] for n in inits if n in used_inits]
+        + [numpy_helper.from_array(np.asarray(constants[t]), name) for name, t in embedded.items()],
     )
     out = helper.make_model(graph, opset_imports=list(loaded.model.opset_import))
     out.ir_version = loaded.model.ir_version
