@@ -62,7 +62,7 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     if not sep or not name:
         raise InputError(f"--shape {text!r}: expected NAME=1x3x640x640")
     try:
-        shape = tuple(int(d) for d in re.split(r"[x,]", dims.strip()) if d != "")
+        shape = tuple(int(d) for d in re.split(r"[x,]", dims.strip()))
     except ValueError:
         raise InputError(
             f"--shape {text!r}: dims must be integers, e.g. {name}=1x3x640x640"
@@ -135,7 +135,10 @@ def generate_feeds(
                 lo, hi = int(info.min), int(info.max) + 1
             feeds[spec.name] = rng.integers(lo, hi, size=shape).astype(dt)
         elif np.issubdtype(dt, np.floating):
-            feeds[spec.name] = rng.random(shape, dtype=np.float64).astype(dt)
+            values = rng.random(shape, dtype=np.float64).astype(dt)
+            # Rounding to a narrow float can reach 1.0; keep the promised [0, 1).
+            below_one = np.nextafter(dt.type(1), dt.type(0))
+            feeds[spec.name] = np.minimum(values, below_one)
         else:
             raise InputError(f"input {spec.name!r} has dtype {dt}, which cannot be generated")
     return feeds

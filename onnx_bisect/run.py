@@ -73,10 +73,13 @@ class TensorStore:
         directory.mkdir(parents=True, exist_ok=True)
         self._files: dict[str, Path] = {}
         self._meta: dict[str, TensorMeta] = {}
+        self._count = 0
 
     def put(self, name: str, value: npt.NDArray[Any]) -> None:
         safe = re.sub(r"[^\w.-]", "_", name)[:80]
-        path = self.directory / f"{len(self._files):06d}_{safe}.npy"
+        # A running counter, not len(): storing a name twice must not reuse another's file.
+        self._count += 1
+        path = self.directory / f"{self._count:06d}_{safe}.npy"
         np.save(path, np.asarray(value, order="C"), allow_pickle=False)  # keeps 0-d shapes
         self._files[name] = path
         self._meta[name] = TensorMeta(np.dtype(value.dtype), tuple(value.shape))

@@ -138,3 +138,20 @@ def first_conv(model_path: Path = YOLO, skip: int = 0) -> str:
     m = onnx.load(str(model_path))
     convs = [n.name for n in m.graph.node if n.op_type == "Conv"]
     return convs[skip]
+
+
+def typed_inputs() -> onnx.ModelProto:
+    """One input per generated dtype, each passed through an Identity; batch-like dynamic dims."""
+    specs = [
+        ("f", TensorProto.FLOAT, ["batch", 3]),
+        ("b", TensorProto.BOOL, ["N", 2]),
+        ("i", TensorProto.INT64, ["batch_size", 5]),
+        ("u", TensorProto.UINT8, [1, 4096]),
+        ("s", TensorProto.INT8, [1, 4096]),
+        ("h", TensorProto.FLOAT16, [2, 2]),
+    ]
+    return make(
+        [helper.make_node("Identity", [n], [f"{n}_out"], name=f"id_{n}") for n, _, _ in specs],
+        [helper.make_tensor_value_info(n, t, d) for n, t, d in specs],
+        [helper.make_tensor_value_info(f"{n}_out", t, d) for n, t, d in specs],
+    )

@@ -62,7 +62,7 @@ class ExecBackend(BackendBase):
             save_npz(Path(paths["{inputs}"]), {k: v for k, v in feeds.items() if k in wanted})
             argv = [_substitute(a, paths) for a in self.argv]
             try:
-                proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout)
+                proc = subprocess.run(argv, capture_output=True, timeout=self.timeout)
             except FileNotFoundError:
                 raise BackendError(f"{self.spec.text}: command not found: {argv[0]}") from None
             except subprocess.TimeoutExpired:
@@ -92,6 +92,8 @@ def _status(code: int) -> str:
     return f"signal {-code}" if code < 0 else f"code {code}"
 
 
-def _tail(stderr: str) -> str:
+def _tail(raw: bytes) -> str:
+    # Runtimes log in whatever encoding they like; the message must survive any of them.
+    stderr = raw.decode("utf-8", errors="replace")
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     return " | ".join(lines[-_STDERR_TAIL:]) or "(no stderr)"

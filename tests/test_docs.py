@@ -1,0 +1,317 @@
+"""Run the examples in docs/*.md, so the docs cannot drift from the code.
+
+Conventions (what a docs author writes):
+
+- Every document runs in its own fresh working directory, in which ``examples/`` links to the
+  repository's ``examples/``; blocks run top to bottom and share one Python namespace.
+- The directory of ``sys.executable`` comes first on PATH, so ``python``, ``bisect`` and
+  ``onnx-bisect`` in a command are this interpreter and its console scripts. COLUMNS=140.
+- ```console blocks: a line starting with ``$ `` is a command for bash (a trailing ``\\``
+  continues it). The lines up to the next ``$ `` are its expected stdout+stderr, matched like a
+  doctest with ELLIPSIS and NORMALIZE_WHITESPACE (``...`` matches anything); no lines, no check.
+  A command must exit 0 unless the next command is ``$ echo $?`` followed by the expected code.
+- ```pycon blocks run as doctests (ELLIPSIS, NORMALIZE_WHITESPACE).
+- ```python blocks are executed; one whose first line is ``# file: NAME`` is written to NAME in
+  the working directory instead (which is on sys.path, so later blocks can import it).
+- ``<!-- test: requires NAME -->`` on the line before a fence skips that block unless NAME (a
+  key of REQUIREMENTS) holds on this machine. Other fences (text, shell, toml, json) never run.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+BIN = Path(sys.executable).parent
+FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+RUNNABLE = ("console", "pycon", "python")
+GUIDE_DOCS = ("guide.md", "backends.md", "exec-protocol.md", "report-format.md")
+
+
+def _openvino_default_bf16() -> bool:
+    if importlib.util.find_spec("openvino") is None:
+        return False
+    import openvino as ov
+
+    hint = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT")
+    return "bf16" in str(hint).lower() or "bfloat16" in str(hint).lower()
+
+
+REQUIREMENTS: dict[str, Callable[[], bool]] = {
+    "openvino": lambda: importlib.util.find_spec("openvino") is not None,
+    "openvino-bf16": _openvino_default_bf16,
+}
+
+
+@dataclass(frozen=True)
+class Block:
+    doc: str
+    line: int  # 1-based line of the opening fence
+    lang: str
+    text: str
+    requires: str | None
+
+    @property
+    def where(self) -> str:
+        return f"docs/{self.doc}:{self.line}"
+
+
+def parse_blocks(path: Path) -> list[Block]:
+    blocks: list[Block] = []
+    lines = path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        m = re.match(r"^```(\w*)\s*$", lines[i])
+        if not m:
+            i += 1
+            continue
+        start, lang = i, m[1]
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        prev = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
+        req = re.fullmatch(r"<!--\s*test:\s*requires\s+(\S+)\s*-->", prev.strip())
+        text = "\n".join(lines[start + 1 : end]) + "\n"
+        blocks.append(Block(path.name, start + 1, lang, text, req[1] if req else None))
+        i = end + 1
+    return blocks
+
+
+def parse_console(text: str) -> list[tuple[str, str]]:
+    """[(command, expected output)] from a console block."""
+    steps: list[tuple[str, list[str]]] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("$ "):
+            cmd = line[2:]
+            while cmd.endswith("\\") and i + 1 < len(lines):
+                i += 1
+                cmd = cmd[:-1] + " " + lines[i].strip()
+            steps.append((cmd, []))
+        elif steps:
+            steps[-1][1].append(line)
+        else:
+            raise AssertionError(f"console block must start with '$ ': {line!r}")
+        i += 1
+    return [(cmd, "\n".join(out).strip("\n") + "\n" if any(out) else "") for cmd, out in steps]
+
+
+class Session:
+    """One document's working directory, environment and Python namespace."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        (workdir / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
+        self.env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "NO_COLOR")}
+        self.env["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+        self.env["COLUMNS"] = "140"
+        self.namespace: dict[str, object] = {"__name__": "__docs__"}
+        self.checker = doctest.OutputChecker()
+
+    def run(self, block: Block) -> None:
+        if block.lang == "console":
+            self._console(block)
+        elif block.lang == "pycon":
+            self._pycon(block)
+        elif block.lang == "python":
+            self._python(block)
+
+    def _console(self, block: Block) -> None:
+        last: tuple[str, int] | None = None
+        steps = parse_console(block.text)
+        for k, (cmd, want) in enumerate(steps):
+            if cmd.strip() == "echo $?":
+                assert last is not None, f"{block.where}: `echo $?` before any command"
+                assert last[1] == int(want), (
+                    f"{block.where}: `{last[0]}` exited {last[1]}, the doc says {want.strip()}"
+                )
+                continue
+            proc = subprocess.run(
+                cmd,
+                shell=True,
+                executable="/bin/bash",
+                cwd=self.workdir,
+                env=self.env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=300,
+            )
+            got = proc.stdout
+            if want and not self.checker.check_output(want, got, FLAGS):
+                raise AssertionError(
+                    f"{block.where}: output of `{cmd}` differs\n--- doc\n{want}--- actual\n{got}"
+                )
+            checked = k + 1 < len(steps) and steps[k + 1][0].strip() == "echo $?"
+            if not checked:
+                assert proc.returncode == 0, (
+                    f"{block.where}: `{cmd}` exited {proc.returncode} (the doc expects 0; add "
+                    f"`$ echo $?` to expect another code)\n{got}"
+                )
+            last = (cmd, proc.returncode)
+
+    def _pycon(self, block: Block) -> None:
+        parser = doctest.DocTestParser()
+        test = parser.get_doctest(block.text, self.namespace, block.where, block.doc, block.line)
+        report: list[str] = []
+        runner = doctest.DocTestRunner(optionflags=FLAGS)
+        result = runner.run(test, out=report.append, clear_globs=False)
+        self.namespace.update(test.globs)  # DocTest works on a copy of the namespace
+        assert result.failed == 0, f"{block.where}: doctest failed\n" + "".join(report)
+
+    def _python(self, block: Block) -> None:
+        first, _, rest = block.text.partition("\n")
+        m = re.fullmatch(r"#\s*file:\s*(\S+)", first.strip())
+        if m:
+            (self.workdir / m[1]).write_text(rest)
+            return
+        code = compile(block.text, block.where, "exec")
+        exec(code, self.namespace)
+
+
+@pytest.fixture
+def session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Session:
+    if not (BIN / "bisect").exists() or not (BIN / "onnx-bisect").exists():
+        pytest.skip(f"console scripts not installed next to {sys.executable}")
+    s = Session(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for key in ("PATH", "COLUMNS"):
+        monkeypatch.setenv(key, s.env[key])
+    return s
+
+
+@pytest.mark.parametrize("doc", GUIDE_DOCS)
+def test_doc_examples_run(doc: str, session: Session) -> None:
+    blocks = [b for b in parse_blocks(DOCS / doc) if b.lang in RUNNABLE]
+    assert blocks, f"docs/{doc} has no runnable examples"
+    for block in blocks:
+        if block.requires is not None:
+            assert block.requires in REQUIREMENTS, f"{block.where}: unknown requirement"
+            if not REQUIREMENTS[block.requires]():
+                continue
+        block_modules = set(sys.modules)
+        try:
+            session.run(block)
+        finally:
+            # Modules a block wrote into the workdir must not leak into the next document.
+            for name in set(sys.modules) - block_modules:
+                mod = sys.modules[name]
+                if str(getattr(mod, "__file__", "") or "").startswith(str(session.workdir)):
+                    del sys.modules[name]
+
+
+def test_console_parser_reads_commands_outputs_and_exit_codes() -> None:
+    text = "$ bisect a \\\n  --target b\nline 1\n...\n$ echo $?\n1\n$ ls\n"
+    assert parse_console(text) == [
+        ("bisect a  --target b", "line 1\n...\n"),
+        ("echo $?", "1\n"),
+        ("ls", ""),
+    ]
+
+
+def test_docs_use_only_known_fences() -> None:
+    allowed = {"console", "pycon", "python", "text", "shell", "toml", "json", "markdown", "csv"}
+    for doc in GUIDE_DOCS:
+        for block in parse_blocks(DOCS / doc):
+            assert block.lang in allowed, f"{block.where}: fence language {block.lang!r}"
+
+
+def _report(tmp_path: Path) -> Path:
+    out = tmp_path / "report"
+    target = (
+        f"exec:{shlex_quote(sys.executable)} examples/faulty_runtime.py {{model}} {{inputs}} "
+        "{outputs} --fault /down1/conv/Conv=0.05"
+    )
+    proc = subprocess.run(
+        [str(BIN / "bisect"), "examples/models/yolo_like.onnx", "--target", target, "-q"]
+        + ["--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    return out
+
+
+def shlex_quote(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+def test_report_format_doc_names_every_field(tmp_path: Path) -> None:
+    """Every key in a real report.json and every nodes.csv column is described in the doc."""
+    out = _report(tmp_path)
+    doc = (DOCS / "report-format.md").read_text()
+    named = set(re.findall(r"`([A-Za-z_][\w]*)`", doc))
+    report = json.loads((out / "report.json").read_text())
+    keys = set(report)
+    keys |= set(report["first_divergence"]) - set(report["nodes"][0]["accumulated"]["metrics"])
+    keys |= set(report["root_cause"]) | set(report["nodes"][0]) | set(report["outputs"][0])
+    keys |= set(report["nodes"][0]["accumulated"]["metrics"])
+    missing = sorted(keys - named)
+    assert not missing, f"report-format.md does not describe report.json field(s) {missing}"
+    columns = (out / "nodes.csv").read_text().splitlines()[0].split(",")
+    missing = sorted(set(columns) - named)
+    assert not missing, f"report-format.md does not describe nodes.csv column(s) {missing}"
+    assert "onnx-bisect/report/v1" in doc and report["schema"] == "onnx-bisect/report/v1"
+
+
+def test_plugin_from_backends_doc_registers_through_entry_points(tmp_path: Path) -> None:
+    """The adapter module and the pyproject entry point shown in backends.md work as a plugin."""
+    blocks = parse_blocks(DOCS / "backends.md")
+    module = next(b for b in blocks if b.lang == "python" and b.text.startswith("# file:"))
+    name = module.text.split("\n", 1)[0].split(":", 1)[1].strip()
+    (tmp_path / name).write_text(module.text.split("\n", 1)[1])
+    pyproject = next(b for b in blocks if b.lang == "toml")
+    eps = tomllib.loads(pyproject.text)["project"]["entry-points"]["onnx_bisect.adapters"]
+    dist = tmp_path / "my_runtime_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-runtime-plugin\nVersion: 0.1\n")
+    lines = "".join(f"{k} = {v}\n" for k, v in eps.items())
+    (dist / "entry_points.txt").write_text(f"[onnx_bisect.adapters]\n{lines}")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), COLUMNS="200")
+    listing = subprocess.run(
+        [str(BIN / "onnx-bisect"), "backends"], env=env, capture_output=True, text=True
+    )
+    assert listing.returncode == 0, listing.stderr
+    for plugin in eps:
+        row = next(ln for ln in listing.stdout.splitlines() if f" {plugin} " in ln)
+        assert "yes" in row, row
+    plugin = next(iter(eps))
+    run = subprocess.run(
+        [str(BIN / "bisect"), "examples/models/yolo_like.onnx", "--target", plugin],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "No divergence" in run.stdout
+
+
+def test_readme_links_every_doc() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for doc in GUIDE_DOCS:
+        assert f"docs/{doc}" in readme
+
+
+_ = (shutil, textwrap)

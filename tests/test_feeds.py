@@ -1,0 +1,371 @@
+"""Input tensors: generation from a model's signature, loading from files, validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_bisect.errors import InputError
+from onnx_bisect.feeds import (
+    InputSpec,
+    generate_feeds,
+    input_specs,
+    load_feeds,
+    make_feeds,
+    parse_shape,
+    save_npz,
+    validate_feeds,
+)
+from tests.models import chain, two_inputs, typed_inputs
+
+TWO = input_specs(two_inputs())  # a[seq, 4] float32, mask[seq, 4] bool
+
+
+def _two_feeds(seq: int = 3) -> dict[str, np.ndarray]:
+    return {
+        "a": np.arange(seq * 4, dtype=np.float32).reshape(seq, 4),
+        "mask": np.arange(seq * 4).reshape(seq, 4) % 2 == 0,
+    }
+
+
+# --- input_specs and generation -------------------------------------------------------------
+
+
+def test_input_specs() -> None:
+    assert [
+        InputSpec("a", np.dtype(np.float32), ("seq", 4)),
+        InputSpec("mask", np.dtype(np.bool_), ("seq", 4)),
+    ] == TWO
+    # Initializers are not inputs, even when they are listed as graph inputs.
+    m = chain(1)
+    m.graph.input.append(helper.make_tensor_value_info("W0", TensorProto.FLOAT, [8, 8]))
+    assert [s.name for s in input_specs(m)] == ["x"]
+
+
+def test_generate_is_seeded() -> None:
+    specs = input_specs(typed_inputs())
+    a = generate_feeds(specs, seed=7)
+    b = generate_feeds(specs, seed=7)
+    c = generate_feeds(specs, seed=8)
+    assert list(a) == ["f", "b", "i", "u", "s", "h"]
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+    assert not np.array_equal(a["f"], c["f"])
+    assert not np.array_equal(a["u"], c["u"])
+
+
+def test_generated_dtypes_and_ranges() -> None:
+    feeds = generate_feeds(input_specs(typed_inputs()), seed=0)
+    f, b, i, u, s, h = (feeds[k] for k in ("f", "b", "i", "u", "s", "h"))
+    # Batch-like dynamic dims ('batch', 'N', 'batch_size') default to 1.
+    assert (f.shape, b.shape, i.shape) == ((1, 3), (1, 2), (1, 5))
+    assert f.dtype == np.float32
+    assert f.min() >= 0.0 and f.max() < 1.0
+    assert h.dtype == np.float16 and h.shape == (2, 2)
+    assert h.min() >= 0.0 and h.max() <= 1.0
+    assert b.dtype == np.bool_
+    assert i.dtype == np.int64
+    assert i.min() >= 0 and i.max() < 10
+    assert u.dtype == np.uint8
+    assert (int(u.min()), int(u.max())) == (0, 255)
+    assert s.dtype == np.int8
+    assert (int(s.min()), int(s.max())) == (-128, 127)
+
+
+def test_float16_values_stay_below_one() -> None:
+    spec = InputSpec("h", np.dtype(np.float16), (100_000,))
+    assert generate_feeds([spec])["h"].max() < 1.0
+
+
+def test_int64_values_are_small_and_nonnegative() -> None:
+    spec = InputSpec("ids", np.dtype(np.int64), (1000,))
+    ids = generate_feeds([spec])["ids"]
+    assert set(np.unique(ids).tolist()) == set(range(10))
+
+
+def test_bool_values_are_mixed() -> None:
+    spec = InputSpec("m", np.dtype(np.bool_), (1000,))
+    m = generate_feeds([spec])["m"]
+    assert 300 < np.count_nonzero(m) < 700
+
+
+def test_non_numeric_inputs_cannot_be_generated() -> None:
+    spec = InputSpec("text", np.dtype(object), (1,))
+    with pytest.raises(InputError) as err:
+        generate_feeds([spec])
+    assert str(err.value) == "input 'text' has dtype object, which cannot be generated"
+
+
+@pytest.mark.parametrize("dim", ["batch", "N", "batch_size", "Batch", "bs", "b"])
+def test_batch_like_dims_default_to_one(dim: str) -> None:
+    spec = InputSpec("x", np.dtype(np.float32), (dim, 3))
+    assert generate_feeds([spec])["x"].shape == (1, 3)
+
+
+def test_other_dynamic_dims_raise_with_a_shape_hint() -> None:
+    with pytest.raises(InputError) as err:
+        generate_feeds(TWO)
+    assert str(err.value) == (
+        "input 'a' [seq, 4] has dynamic dim 0 ('seq'); set them with --shape a=?x4"
+    )
+
+
+def test_several_dynamic_dims_are_all_listed() -> None:
+    spec = InputSpec("x", np.dtype(np.float32), ("batch", "seq", None, 4))
+    with pytest.raises(InputError) as err:
+        generate_feeds([spec])
+    assert str(err.value) == (
+        "input 'x' [batch, seq, ?, 4] has dynamic dim 1 ('seq'), dim 2 (unnamed); "
+        "set them with --shape x=1x?x?x4"
+    )
+
+
+def test_shape_overrides() -> None:
+    feeds = generate_feeds(TWO, {"a": (3, 4), "mask": [3, 4]})
+    assert feeds["a"].shape == (3, 4)
+    assert feeds["mask"].shape == (3, 4)
+    # An override may also set a batch-like dim.
+    spec = InputSpec("x", np.dtype(np.float32), ("batch", 3))
+    assert generate_feeds([spec], {"x": (5, 3)})["x"].shape == (5, 3)
+
+
+def test_shape_override_rank_mismatch() -> None:
+    with pytest.raises(InputError) as err:
+        generate_feeds(TWO, {"a": (12,), "mask": (3, 4)})
+    assert str(err.value) == "--shape a: rank 1 but the model's input has rank 2 [seq, 4]"
+
+
+def test_shape_override_conflicts_with_static_dim() -> None:
+    with pytest.raises(InputError) as err:
+        generate_feeds(TWO, {"a": (3, 5), "mask": (3, 4)})
+    assert str(err.value) == "--shape a: dim 1 is 5 but the model fixes it to 4"
+
+
+def test_shape_override_unknown_input() -> None:
+    with pytest.raises(InputError) as err:
+        generate_feeds(TWO, {"a": (3, 4), "mask": (3, 4), "b": (1,)})
+    assert str(err.value) == "--shape names unknown input(s) b; model inputs are a, mask"
+
+
+# --- parse_shape ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("x=1x3x4", ("x", (1, 3, 4))),
+        ("x=1,3,4", ("x", (1, 3, 4))),
+        ("images=1x3x640x640", ("images", (1, 3, 640, 640))),
+        ("input:0=2x0", ("input:0", (2, 0))),
+        ("x=7", ("x", (7,))),
+        ("x= 1x2 ", ("x", (1, 2))),
+    ],
+)
+def test_parse_shape(text: str, expected: tuple[str, tuple[int, ...]]) -> None:
+    assert parse_shape(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1x3x4", "--shape '1x3x4': expected NAME=1x3x640x640"),
+        ("=1x3", "--shape '=1x3': expected NAME=1x3x640x640"),
+        ("x=1xax3", "--shape 'x=1xax3': dims must be integers, e.g. x=1x3x640x640"),
+        ("x=1.5x3", "--shape 'x=1.5x3': dims must be integers, e.g. x=1x3x640x640"),
+        ("x=-1x3", "--shape 'x=-1x3': dims must be >= 0"),
+    ],
+)
+def test_parse_shape_errors(text: str, message: str) -> None:
+    with pytest.raises(InputError) as err:
+        parse_shape(text)
+    assert str(err.value) == message
+
+
+# --- loading --------------------------------------------------------------------------------
+
+
+def test_load_npz(tmp_path: Path) -> None:
+    feeds = _two_feeds()
+    np.savez(tmp_path / "in.npz", **feeds)
+    loaded = load_feeds(tmp_path / "in.npz", TWO)
+    assert set(loaded) == {"a", "mask"}
+    for k, v in feeds.items():
+        np.testing.assert_array_equal(loaded[k], v)
+        assert loaded[k].dtype == v.dtype
+    validate_feeds(loaded, TWO)
+
+
+def test_save_npz_round_trips_awkward_names(tmp_path: Path) -> None:
+    tensors = {
+        "/backbone/conv/Conv_output_0": np.ones((2, 2), np.float32),
+        "input:0": np.array(3, np.int64),
+        "mask": np.array([True, False]),
+    }
+    save_npz(tmp_path / "t.npz", tensors)
+    specs = [InputSpec(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()]
+    loaded = load_feeds(tmp_path / "t.npz", specs)
+    assert list(loaded) == list(tensors)
+    for k, v in tensors.items():
+        np.testing.assert_array_equal(loaded[k], v)
+        assert loaded[k].shape == v.shape
+    validate_feeds(loaded, specs)
+
+
+def test_load_npy_single_input(tmp_path: Path) -> None:
+    x = np.arange(16, dtype=np.float32).reshape(2, 8)
+    np.save(tmp_path / "x.npy", x)
+    specs = input_specs(chain())
+    loaded = load_feeds(tmp_path / "x.npy", specs)
+    assert list(loaded) == ["x"]
+    np.testing.assert_array_equal(loaded["x"], x)
+
+
+def test_load_npy_multi_input_model_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "a.npy"
+    np.save(path, np.zeros((3, 4), np.float32))
+    with pytest.raises(InputError) as err:
+        load_feeds(path, TWO)
+    assert str(err.value) == (
+        f"--input {path}: a .npy holds one tensor but the model has 2 inputs (a, mask); "
+        "use a .npz keyed by input name"
+    )
+
+
+def _write_pb(directory: Path, feeds: dict[str, np.ndarray], named: bool) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for i, (name, arr) in enumerate(feeds.items()):
+        t = numpy_helper.from_array(arr, name if named else None)
+        (directory / f"input_{i}.pb").write_bytes(t.SerializeToString())
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_load_test_case_data_set_dir(tmp_path: Path, named: bool) -> None:
+    feeds = _two_feeds()
+    _write_pb(tmp_path / "test_data_set_0", feeds, named)
+    loaded = load_feeds(tmp_path / "test_data_set_0", TWO)
+    assert list(loaded) == ["a", "mask"]
+    for k, v in feeds.items():
+        np.testing.assert_array_equal(loaded[k], v)
+        assert loaded[k].dtype == v.dtype
+
+
+def test_load_test_case_parent_dir(tmp_path: Path) -> None:
+    feeds = _two_feeds(seq=2)
+    _write_pb(tmp_path / "case" / "test_data_set_0", feeds, named=True)
+    # A second data set must not be mixed into the first.
+    _write_pb(tmp_path / "case" / "test_data_set_1", _two_feeds(seq=5), named=True)
+    (tmp_path / "case" / "model.onnx").write_bytes(b"")
+    loaded = load_feeds(tmp_path / "case", TWO)
+    for k, v in feeds.items():
+        np.testing.assert_array_equal(loaded[k], v)
+
+
+def test_pb_files_are_ordered_numerically(tmp_path: Path) -> None:
+    specs = [InputSpec(f"x{i}", np.dtype(np.int64), ()) for i in range(11)]
+    for i in range(11):
+        t = numpy_helper.from_array(np.array(i, np.int64))
+        (tmp_path / f"input_{i}.pb").write_bytes(t.SerializeToString())
+    loaded = load_feeds(tmp_path, specs)
+    assert {k: int(v) for k, v in loaded.items()} == {f"x{i}": i for i in range(11)}
+
+
+def test_load_errors(tmp_path: Path) -> None:
+    with pytest.raises(InputError) as err:
+        load_feeds(tmp_path / "nope.npz", TWO)
+    assert str(err.value) == f"--input {tmp_path / 'nope.npz'}: no such file or directory"
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError) as err:
+        load_feeds(tmp_path / "empty", TWO)
+    assert str(err.value) == f"--input {tmp_path / 'empty'}: no input_N.pb files found"
+
+    txt = tmp_path / "in.txt"
+    txt.write_text("1 2 3")
+    with pytest.raises(InputError) as err:
+        load_feeds(txt, TWO)
+    assert str(err.value) == (
+        f"--input {txt}: expected .npz, .npy or a directory of input_N.pb files"
+    )
+
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip file")
+    with pytest.raises(InputError) as err:
+        load_feeds(bad, TWO)
+    assert str(err.value).startswith(f"--input {bad}: cannot read (")
+    assert "\n" not in str(err.value)
+
+
+# --- validation -----------------------------------------------------------------------------
+
+
+def test_validate_accepts_matching_feeds() -> None:
+    validate_feeds(_two_feeds(seq=7), TWO)
+
+
+def test_validate_unknown_and_missing_names() -> None:
+    feeds = {"a": _two_feeds()["a"], "z": np.zeros(1)}
+    with pytest.raises(InputError) as err:
+        validate_feeds(feeds, TWO)
+    assert str(err.value) == (
+        "unknown input(s) z; missing input(s) mask; the model's inputs are a, mask"
+    )
+    with pytest.raises(InputError) as err:
+        validate_feeds({"a": feeds["a"]}, TWO)
+    assert str(err.value) == "missing input(s) mask; the model's inputs are a, mask"
+
+
+def test_validate_wrong_dtype_suggests_astype() -> None:
+    feeds = _two_feeds()
+    feeds["a"] = feeds["a"].astype(np.float64)
+    with pytest.raises(InputError) as err:
+        validate_feeds(feeds, TWO)
+    assert str(err.value) == (
+        "input 'a' has dtype float64 but the model expects float32; "
+        "cast it (e.g. arr.astype(np.float32))"
+    )
+
+
+def test_validate_wrong_rank() -> None:
+    feeds = _two_feeds()
+    feeds["a"] = feeds["a"].ravel()
+    with pytest.raises(InputError) as err:
+        validate_feeds(feeds, TWO)
+    assert str(err.value) == (
+        "input 'a' has shape (12,) (rank 1) but the model expects rank 2 [seq, 4]"
+    )
+
+
+def test_validate_wrong_static_dim() -> None:
+    feeds = {"a": np.zeros((4, 3), np.float32), "mask": np.zeros((4, 3), np.bool_)}
+    with pytest.raises(InputError) as err:
+        validate_feeds(feeds, TWO)
+    assert str(err.value) == "input 'a' has shape (4, 3) but dim 1 must be 4 [seq, 4]"
+
+
+def test_make_feeds_generates_loads_and_validates(tmp_path: Path) -> None:
+    m = two_inputs()
+    generated = make_feeds(m, shapes={"a": (2, 4), "mask": (2, 4)}, seed=3)
+    assert generated["a"].shape == (2, 4)
+    np.testing.assert_array_equal(
+        generated["a"], make_feeds(m, shapes={"a": (2, 4), "mask": (2, 4)}, seed=3)["a"]
+    )
+    given = make_feeds(m, inputs=_two_feeds(seq=1))
+    np.testing.assert_array_equal(given["a"], [[0.0, 1.0, 2.0, 3.0]])
+    feeds = _two_feeds()
+    np.savez(tmp_path / "in.npz", **feeds)
+    np.testing.assert_array_equal(make_feeds(m, inputs=tmp_path / "in.npz")["a"], feeds["a"])
+
+
+def test_make_feeds_rejects_wrong_given_dtype() -> None:
+    with pytest.raises(InputError, match="expects float32"):
+        make_feeds(
+            two_inputs(), inputs={"a": np.zeros((1, 4), np.float64), "mask": np.ones((1, 4), bool)}
+        )
+
+
+def test_parse_shape_rejects_empty_dims() -> None:
+    with pytest.raises(InputError, match="dims must be integers"):
+        parse_shape("x=1xx3")
