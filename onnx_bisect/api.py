@@ -46,12 +46,15 @@ def bisect(
     atol: float | None = None,
     rtol: float | None = None,
     max_memory: int = DEFAULT_MAX_MEMORY,
+    parallel: bool = True,
     command: str = "",
 ) -> BisectResult:
     """Find the first node where ``target`` departs from ``ref`` and the node that causes it.
 
     ``inputs`` is a path (.npz/.npy/test-case dir) or a dict of arrays; without it, seeded random
-    inputs are generated (``shapes`` fixes dynamic dims). Raises ``OnnxBisectError`` subclasses
+    inputs are generated (``shapes`` fixes dynamic dims). ``parallel`` runs the reference and
+    the target concurrently where both are needed (set False for backends that are not
+    thread-safe together). Raises ``OnnxBisectError`` subclasses
     for bad input and unusable backends.
     """
     crit = Criterion(metric=metric, threshold=threshold, atol=atol, rtol=rtol)
@@ -70,7 +73,7 @@ def bisect(
     notes = list(loaded.notes)
 
     t = time.perf_counter()
-    outputs = screen(ref_b, tgt_b, loaded, feeds, crit, stats)
+    outputs = screen(ref_b, tgt_b, loaded, feeds, crit, stats, parallel)
     timings["screen"] = time.perf_counter() - t
     common: dict[str, Any] = {
         "model": str(loaded.path) if loaded.path else "<in-memory ModelProto>",
@@ -98,10 +101,15 @@ def bisect(
         )
 
     sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))
+    known = [s for s in sizes.values() if s is not None]
+    total = sum(sizes.get(p) or max(known, default=0) for p in loaded.probes)
     with tempfile.TemporaryDirectory(prefix="onnx-bisect-cache-") as cache:
-        store = TensorStore(Path(cache))
+        # Within budget the reference's tensors stay in memory; beyond it they go to disk.
+        store = TensorStore(None if total <= max_memory else Path(cache))
         t = time.perf_counter()
-        accumulated = scan(ref_b, tgt_b, loaded, feeds, crit, sizes, max_memory, store, stats)
+        accumulated = scan(
+            ref_b, tgt_b, loaded, feeds, crit, sizes, max_memory, store, stats, parallel
+        )
         timings["scan"] = time.perf_counter() - t
         notes += _observer_notes(loaded, outputs, accumulated)
         t = time.perf_counter()

@@ -17,9 +17,9 @@ import numpy.typing as npt
 from onnx_bisect.adapters.base import Backend
 from onnx_bisect.errors import BackendError
 from onnx_bisect.metrics import Comparison, Criterion, compare_tensors
-from onnx_bisect.model import LoadedModel, NodeInfo, isolation_model
+from onnx_bisect.model import LoadedModel, NodeInfo, isolation_model, with_outputs
 from onnx_bisect.result import NodeResult, RootCause, Verdict
-from onnx_bisect.run import RunStats, TensorStore, plan_chunks, run_chunked, timed_run
+from onnx_bisect.run import RunStats, TensorStore, plan_chunks, run_pair, timed_run
 
 __all__ = [
     "IsolationFailure",
@@ -64,10 +64,14 @@ def screen(
     feeds: Feeds,
     crit: Criterion,
     stats: RunStats,
+    parallel: bool = True,
 ) -> tuple[Comparison, ...]:
     """Plain runs of both backends, compared on the final outputs only."""
-    ref_out = timed_run(ref, loaded.model, feeds, "ref", stats)
-    tgt_out = timed_run(target, loaded.model, feeds, "target", stats)
+    ref_out, tgt_out = run_pair(
+        lambda: timed_run(ref, loaded.model, feeds, "ref", stats),
+        lambda: timed_run(target, loaded.model, feeds, "target", stats),
+        parallel,
+    )
     return tuple(compare_tensors(n, ref_out.get(n), tgt_out.get(n), crit) for n in loaded.outputs)
 
 
@@ -81,6 +85,7 @@ def scan(
     budget: int,
     store: TensorStore,
     stats: RunStats,
+    parallel: bool = True,
 ) -> dict[str, Comparison]:
     """Both backends with every probe marked, in chunks of at most ``budget`` bytes.
 
@@ -89,9 +94,14 @@ def scan(
     chunks = plan_chunks(loaded.probes, sizes, budget)
     log.info("scan: %d probes in %d chunk(s)", len(loaded.probes), len(chunks))
     comparisons: dict[str, Comparison] = {}
-    ref_runs = run_chunked(ref, loaded.model, chunks, feeds, "ref", stats)
-    tgt_runs = run_chunked(target, loaded.model, chunks, feeds, "target", stats)
-    for chunk, ref_out, tgt_out in zip(chunks, ref_runs, tgt_runs, strict=True):
+    for i, chunk in enumerate(chunks):
+        log.debug("probe run %d/%d (%d tensors)", i + 1, len(chunks), len(chunk))
+        marked = with_outputs(loaded.model, chunk)
+        ref_out, tgt_out = run_pair(
+            lambda m=marked: timed_run(ref, m, feeds, "ref", stats),  # type: ignore[misc]
+            lambda m=marked: timed_run(target, m, feeds, "target", stats),  # type: ignore[misc]
+            parallel,
+        )
         for name in chunk:
             store.put(name, ref_out[name])
             comparisons[name] = compare_tensors(name, ref_out[name], tgt_out.get(name), crit)

@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 __all__ = ["BackendInfo", "BisectResult", "NodeResult", "RootCause", "Verdict"]
 
 SCHEMA = "onnx-bisect/report/v1"
+NODE_COLUMNS = (
+    "index", "node", "op_type", "tensor", "verdict", "accumulated", "isolated", "amplification",
+    "acc_max_abs", "acc_rel_l2", "acc_cosine", "iso_max_abs", "iso_rel_l2", "status", "note",
+)  # fmt: skip
 
 
 class Verdict(StrEnum):
@@ -131,8 +135,12 @@ class BisectResult:
         return sorted(scored, key=lambda n: crit.badness(n.accumulated), reverse=True)[:k]  # type: ignore[arg-type]
 
     def nodes_frame(self) -> pd.DataFrame:
+        """One row per node; the columns are those of nodes.csv."""
         import pandas as pd
 
+        return pd.DataFrame(self.node_rows(), columns=list(NODE_COLUMNS))
+
+    def node_rows(self) -> list[dict[str, Any]]:
         rows = []
         for n in self.nodes:
             acc, iso = n.accumulated, n.isolated
@@ -155,7 +163,7 @@ class BisectResult:
                     "note": n.note or (acc.reason if acc else ""),
                 }
             )
-        return pd.DataFrame(rows)
+        return rows
 
     def to_dict(self) -> dict[str, Any]:
         fd = self.first_divergence

@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -21,11 +22,14 @@ import onnx
 
 from onnx_bisect.adapters.base import Backend, Tensors
 from onnx_bisect.errors import BackendError
-from onnx_bisect.model import TensorMeta, with_outputs
+from onnx_bisect.model import TensorMeta
 
-__all__ = ["RunStats", "TensorStore", "plan_chunks", "run_chunked", "timed_run"]
+__all__ = ["RunStats", "TensorStore", "plan_chunks", "run_pair", "timed_run"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+U = TypeVar("U")
 
 
 @dataclass
@@ -66,25 +70,33 @@ def plan_chunks(
 
 
 class TensorStore:
-    """Arrays kept as .npy files under a directory and read back memory-mapped."""
+    """Arrays kept as .npy files under a directory and read back memory-mapped, or kept in
+    memory when ``directory`` is None (the caller decided they fit the budget)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path | None) -> None:
         self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
         self._files: dict[str, Path] = {}
+        self._arrays: dict[str, npt.NDArray[Any]] = {}
         self._meta: dict[str, TensorMeta] = {}
         self._count = 0
 
     def put(self, name: str, value: npt.NDArray[Any]) -> None:
+        self._meta[name] = TensorMeta(np.dtype(value.dtype), tuple(value.shape))
+        if self.directory is None:
+            self._arrays[name] = value
+            return
         safe = re.sub(r"[^\w.-]", "_", name)[:80]
         # A running counter, not len(): storing a name twice must not reuse another's file.
         self._count += 1
         path = self.directory / f"{self._count:06d}_{safe}.npy"
         np.save(path, np.asarray(value, order="C"), allow_pickle=False)  # keeps 0-d shapes
         self._files[name] = path
-        self._meta[name] = TensorMeta(np.dtype(value.dtype), tuple(value.shape))
 
     def get(self, name: str) -> npt.NDArray[Any]:
+        if self.directory is None:
+            return self._arrays[name]
         arr: npt.NDArray[Any] = np.load(self._files[name], mmap_mode="r", allow_pickle=False)
         return arr
 
@@ -96,7 +108,7 @@ class TensorStore:
         return int(np.prod(m.shape, dtype=np.int64)) * m.dtype.itemsize
 
     def __contains__(self, name: object) -> bool:
-        return name in self._files
+        return name in self._meta
 
     @property
     def metas(self) -> Mapping[str, TensorMeta]:
@@ -120,15 +132,21 @@ def timed_run(
         stats.record(role, time.perf_counter() - start)
 
 
-def run_chunked(
-    backend: Backend,
-    model: onnx.ModelProto,
-    chunks: Sequence[Sequence[str]],
-    feeds: Mapping[str, npt.NDArray[Any]],
-    role: str,
-    stats: RunStats,
-) -> Iterator[Tensors]:
-    """Run ``model`` once per chunk with that chunk's tensors as outputs; yields each result."""
-    for i, chunk in enumerate(chunks):
-        log.debug("%s: probe run %d/%d (%d tensors)", role, i + 1, len(chunks), len(chunk))
-        yield timed_run(backend, with_outputs(model, chunk), feeds, role, stats)
+def run_pair(
+    ref_job: Callable[[], T], target_job: Callable[[], U], parallel: bool = True
+) -> tuple[T, U]:
+    """Run the reference's and the target's jobs, concurrently when ``parallel``.
+
+    Runtimes release the GIL while compiling and running, so on two cores the pair costs about
+    as much as the slower one. A reference failure is reported first: it is the trusted side.
+    """
+    if not parallel:
+        return ref_job(), target_job()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(ref_job)
+        try:
+            target_value = target_job()
+        except BaseException:
+            future.result()  # raises the reference's error if it failed too
+            raise
+        return future.result(), target_value

@@ -149,3 +149,23 @@ def test_openvino_f32_matches() -> None:
     pytest.importorskip("openvino")
     result = onnx_bisect.bisect(YOLO, ref="cpu", target="openvino?precision=f32")
     assert result.verdict == "match"
+
+
+def test_nodes_csv_matches_the_dataframe(tmp_path) -> None:
+    import pandas as pd
+
+    result = onnx_bisect.bisect(YOLO, target=FaultyBackend(FAULT_NODE))
+    result.write(tmp_path, formats=("csv",))
+    from_csv = pd.read_csv(tmp_path / "nodes.csv", keep_default_na=False, na_values=[""])
+    frame = result.nodes_frame()
+    assert list(from_csv.columns) == list(frame.columns)
+    assert list(from_csv["node"]) == list(frame["node"])
+    np.testing.assert_allclose(from_csv["accumulated"], frame["accumulated"], rtol=1e-12)
+    np.testing.assert_array_equal(from_csv["isolated"].isna(), frame["isolated"].isna())
+
+
+def test_serial_and_parallel_runs_agree() -> None:
+    a = onnx_bisect.bisect(YOLO, target=FaultyBackend(FAULT_NODE), parallel=False)
+    b = onnx_bisect.bisect(YOLO, target=FaultyBackend(FAULT_NODE), parallel=True)
+    assert [n.verdict for n in a.nodes] == [n.verdict for n in b.nodes]
+    assert a.root_cause == b.root_cause

@@ -358,3 +358,16 @@ def test_badness_puts_structural_mismatches_first() -> None:
     diverged = compare_tensors("t", REF, TGT, crit)
     assert crit.badness(shape) == math.inf
     assert crit.badness(diverged) == pytest.approx(math.sqrt(5) / 5)
+
+
+@pytest.mark.parametrize("zero_ref", [False, True])
+def test_all_metrics_equals_the_pure_functions(zero_ref: bool) -> None:
+    from onnx_bisect.metrics import METRICS, all_metrics
+
+    rng = np.random.default_rng(3)
+    ref = np.zeros(500) if zero_ref else rng.standard_normal(500)
+    tgt = ref + 1e-3 * rng.standard_normal(500)
+    fused = all_metrics(ref, tgt, atol=1e-5, rtol=1e-3)
+    for name, metric in METRICS.items():
+        assert fused[name] == pytest.approx(metric.fn(ref, tgt), rel=1e-9, abs=1e-12), name
+    assert fused["mismatch"] == pytest.approx(mismatch_fraction(ref, tgt, 1e-5, 1e-3))

@@ -6,6 +6,7 @@ AMX: a real, expected source of divergence from an fp32 reference.
 
 from __future__ import annotations
 
+import io
 import tempfile
 from collections.abc import Mapping
 from functools import cache
@@ -22,6 +23,7 @@ from onnx_bisect.model import save_model
 
 __all__ = ["OpenVinoBackend", "default_precision"]
 
+_BYTES_LIMIT = 1 << 30
 _PRECISIONS = {"f32": "f32", "fp32": "f32", "bf16": "bf16", "f16": "f16", "fp16": "f16"}
 
 
@@ -68,8 +70,12 @@ class OpenVinoBackend(BackendBase):
 
     def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
         core = _core()
-        with tempfile.TemporaryDirectory(prefix="onnx-bisect-ov-") as tmp:
-            ov_model = core.read_model(str(save_model(model, Path(tmp))))
+        if model.ByteSize() < _BYTES_LIMIT:
+            # Straight from memory: a temp-file round trip costs more than the parse.
+            ov_model = core.read_model(io.BytesIO(model.SerializeToString()))
+        else:
+            with tempfile.TemporaryDirectory(prefix="onnx-bisect-ov-") as tmp:
+                ov_model = core.read_model(str(save_model(model, Path(tmp))))
         wanted = {p.get_any_name() for p in ov_model.inputs}
         feeds = {k: v for k, v in feeds.items() if k in wanted}
         # Static shapes let the CPU plugin pick its fast kernels, as a deployment would.

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from onnx_bisect.feeds import save_npz
 from onnx_bisect.report.markdown import render_markdown
@@ -36,9 +38,22 @@ def write_reports(result: BisectResult, out_dir: Path, formats: Sequence[str]) -
         written.append(path)
     if "csv" in formats:
         path = out_dir / "nodes.csv"
-        result.nodes_frame().to_csv(path, index=False)
+        _write_csv(path, result.node_rows())
         written.append(path)
     path = out_dir / "inputs.npz"
     save_npz(path, result.inputs)
     written.append(path)
     return written
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    """The nodes table as pandas would write it (NaN as empty), without importing pandas."""
+    from onnx_bisect.result import NODE_COLUMNS
+
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(NODE_COLUMNS))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(
+                {k: "" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+            )
