@@ -87,6 +87,9 @@ class OrtBackend(BackendBase):
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[self.opt]
         so.log_severity_level = 3
+        # The arena keeps its high-water mark for the session's life; a diagnosis runs many
+        # short sessions next to another runtime, so plain malloc keeps the peak lower.
+        so.enable_cpu_mem_arena = False
         if self.threads:
             so.intra_op_num_threads = self.threads
         return so
