@@ -163,9 +163,18 @@ class Row:
     polygraphy_note: str = ""
     polygraphy_parts_s: list[dict[str, float]] = field(default_factory=list)
     runs: dict[str, int] = field(default_factory=dict)
-    timings_s: dict[str, float] = field(default_factory=dict)
-    floor_phases_s: dict[str, float] = field(default_factory=dict)
+    timings_runs: list[dict[str, float]] = field(default_factory=list)
+    floor_phase_runs: list[dict[str, float]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def timings_s(self) -> dict[str, float]:
+        """report.json ``timings_s`` of the diagnosis run with the median wall time."""
+        return _at_median(self.diagnosis, self.timings_runs)
+
+    @property
+    def floor_phases_s(self) -> dict[str, float]:
+        return _at_median(self.floor, self.floor_phase_runs)
 
     @property
     def ratio(self) -> float | None:
@@ -199,8 +208,13 @@ class Row:
                 **self.diagnosis.to_dict(),
                 "runs": self.runs,
                 "timings_s": self.timings_s,
+                "timings_s_per_run": self.timings_runs,
             },
-            "floor": {**self.floor.to_dict(), "phases_s": self.floor_phases_s},
+            "floor": {
+                **self.floor.to_dict(),
+                "phases_s": self.floor_phases_s,
+                "phases_s_per_run": self.floor_phase_runs,
+            },
             "polygraphy": {
                 **self.polygraphy.to_dict(),
                 "parts_s": self.polygraphy_parts_s,
@@ -211,6 +225,14 @@ class Row:
             "pass": self.verdicts(),
             "notes": self.notes,
         }
+
+
+def _at_median(series: Series, per_run: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The entry of ``per_run`` that belongs to the sample with the (lower) median wall time."""
+    if not per_run or len(per_run) != len(series.samples):
+        return dict(per_run[-1]) if per_run else {}
+    order = sorted(range(len(per_run)), key=lambda i: series.samples[i].wall_s)
+    return dict(per_run[order[(len(order) - 1) // 2]])
 
 
 def _round(x: float | None, digits: int = 4) -> float | None:
@@ -519,7 +541,7 @@ def bench_model(
         row.diagnosis.samples.append(s)
         report = json.loads((ddir / "report.json").read_text())
         row.runs = {k: int(v) for k, v in report.get("runs", {}).items()}
-        row.timings_s = {k: float(v) for k, v in report.get("timings_s", {}).items()}
+        row.timings_runs.append({k: float(v) for k, v in report.get("timings_s", {}).items()})
         row.target_description = str(report.get("target", {}).get("description", ""))
         if s.rc == 0 and "no divergence" not in " ".join(row.notes):
             row.notes.append("no divergence: the diagnosis stopped after the screen")
@@ -533,7 +555,7 @@ def bench_model(
         if s.rc != 0:
             raise BenchError(f"the floor process exited {s.rc}:\n{log_tail(log)}")
         row.floor.samples.append(s)
-        row.floor_phases_s = floor_phases(log)
+        row.floor_phase_runs.append(floor_phases(log))
         print(f"{tag} floor     {s.wall_s:7.2f} s {s.rss_mb:7.0f} MB", flush=True)
 
         # 3. Polygraphy mark-all workflow
@@ -585,19 +607,27 @@ def render_table(rows: Sequence[Row]) -> str:
             continue
         lines.append(f"{r.model}: target {r.target_description or r.target}")
         phases = ", ".join(f"{k} {v:.2f}" for k, v in r.timings_s.items())
-        lines.append(f"  diagnosis timings_s (last run): {phases}")
+        lines.append(f"  diagnosis timings_s (median run): {phases}")
         lines.append(
             f"  diagnosis peak RSS per run MB: {[round(s.rss_mb) for s in r.diagnosis.samples]}"
         )
         fl = ", ".join(f"{k} {v:.2f}" for k, v in r.floor_phases_s.items())
         lines.append(
-            f"  floor phases s (last run): {fl}; peak RSS {_fmt(r.floor.rss_mb, '.0f')} MB"
+            f"  floor phases s (median run): {fl}; peak RSS {_fmt(r.floor.rss_mb, '.0f')} MB"
         )
         poly_rss = _fmt(r.polygraphy.rss_mb, ".0f")
         lines.append(f"  polygraphy: {r.polygraphy_note}; peak RSS {poly_rss} MB")
         for note in r.notes:
             lines.append(f"  note: {note}")
     return "\n".join(lines)
+
+
+def load_average() -> float | None:
+    """1-minute load average: other work on the machine inflates every wall time here."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 def environment() -> dict[str, Any]:
@@ -663,6 +693,7 @@ def main(argv: Sequence[str]) -> int:
     )
     rows: list[Row] = []
     failed = False
+    load_start = load_average()
     for name in args.models:
         spec = MODELS[name]
         path, reason = model_path(spec, args.nudenet, out)
@@ -679,8 +710,10 @@ def main(argv: Sequence[str]) -> int:
             print(f"[{name}] error: {reason}", file=sys.stderr)
             rows.append(Row(name, spec.description, path=str(path), status="error", reason=reason))
 
+    load_end = load_average()
     print()
     print(render_table(rows))
+    print(f"\n1-min load average: {load_start} at start, {load_end} at end ({os.cpu_count()} CPUs)")
     doc = {
         "schema": "onnx-bisect-bench/1",
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -692,10 +725,11 @@ def main(argv: Sequence[str]) -> int:
             "rss_mb_max": TARGET_RSS_MB,
         },
         "environment": environment(),
+        "load_average_1min": {"start": load_start, "end": load_end},
         "rows": [r.to_dict() for r in rows],
     }
     (out / "bench.json").write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"\nwritten {out / 'bench.json'}; logs under {out}/<model>/logs/")
+    print(f"written {out / 'bench.json'}; logs under {out}/<model>/logs/")
     return 1 if failed else 0
 
 

@@ -18,6 +18,7 @@ import numpy.typing as npt
 import onnx
 
 from onnx_bisect.adapters.base import Backend, BackendSpec, create_backend
+from onnx_bisect.errors import InputError
 from onnx_bisect.feeds import make_feeds
 from onnx_bisect.locate import first_divergence, isolate, judge, root_cause, scan, screen
 from onnx_bisect.metrics import Criterion
@@ -57,7 +58,10 @@ def bisect(
     thread-safe together). Raises ``OnnxBisectError`` subclasses
     for bad input and unusable backends.
     """
-    crit = Criterion(metric=metric, threshold=threshold, atol=atol, rtol=rtol)
+    try:
+        crit = Criterion(metric=metric, threshold=threshold, atol=atol, rtol=rtol)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     loaded = load_model(model)

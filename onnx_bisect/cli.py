@@ -23,6 +23,7 @@ from onnx_bisect.api import bisect as run_bisect
 from onnx_bisect.errors import OnnxBisectError
 from onnx_bisect.feeds import parse_shape
 from onnx_bisect.metrics import METRICS
+from onnx_bisect.report.files import check_formats
 
 __all__ = ["EXIT_DIVERGED", "EXIT_INTERNAL", "EXIT_MATCH", "EXIT_USAGE", "app", "bisect_app"]
 
@@ -95,6 +96,7 @@ def run_command(
     try:
         shapes = dict(parse_shape(s) for s in shape or [])
         formats = [f.strip() for f in format.split(",") if f.strip()]
+        check_formats(formats)  # before the diagnosis, not after it
         result = run_bisect(
             model,
             ref=ref,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,6 +231,11 @@ def make_feeds(
 ) -> Feeds:
     """The feeds a run uses: loaded or given when ``inputs`` is set, else generated; validated."""
     specs = input_specs(model)
+    if inputs is not None and shapes:
+        raise InputError(
+            "--shape applies to generated inputs only; the shapes of --input tensors are used "
+            "as they are (drop --shape)"
+        )
     if inputs is None:
         feeds = generate_feeds(specs, shapes, seed)
     elif isinstance(inputs, Path):
@@ -241,6 +247,12 @@ def make_feeds(
 
 
 def save_npz(path: Path, tensors: Mapping[str, npt.NDArray[np.generic]]) -> None:
-    """Write tensors keyed by name; any tensor name, slashes included, round-trips."""
-    arrays: dict[str, npt.NDArray[np.generic]] = {k: np.asarray(v) for k, v in tensors.items()}
-    np.savez(path, **arrays)  # type: ignore[arg-type]
+    """Write tensors keyed by name, readable by ``np.load``; any name round-trips.
+
+    Written entry by entry rather than through ``np.savez(**tensors)``, whose keyword arguments
+    would swallow tensors named ``file`` or ``allow_pickle``.
+    """
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, value in tensors.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asarray(value), allow_pickle=False)

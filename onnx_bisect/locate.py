@@ -44,6 +44,8 @@ _UNSUPPORTED = (
     "could not find an implementation",
     "is not supported",
     "cannot create",
+    "doesn't support",
+    "does not support",
 )
 
 

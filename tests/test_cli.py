@@ -207,3 +207,25 @@ def test_subprocess_usage_errors_one_line(args: list[str], expected: str) -> Non
 def test_subprocess_onnx_bisect_backends() -> None:
     proc = _run(str(BIN / "onnx-bisect"), "backends")
     assert proc.returncode == 0 and "openvino" in proc.stdout
+
+
+def test_unknown_format_is_a_usage_error_before_any_run(tmp_path: Path) -> None:
+    res = runner.invoke(bisect_app, [str(YOLO), "-t", "ref", "-f", "md,html", "-o", str(tmp_path)])
+    assert res.exit_code == 2
+    assert res.stderr.strip() == "error: unknown report format(s) html; choose from md, json, csv"
+    assert not list(tmp_path.iterdir())
+
+
+def test_shape_with_input_is_rejected(tmp_path: Path) -> None:
+    npz = _npz(tmp_path / "i.npz", images=np.zeros((1, 3, 160, 160), np.float32))
+    res = runner.invoke(
+        bisect_app, [str(YOLO), "-t", "ref", "-i", str(npz), "-s", "images=1x3x8x8"]
+    )
+    assert res.exit_code == 2 and "--shape applies to generated inputs only" in res.stderr
+
+
+def test_unknown_metric_from_the_api_is_an_input_error() -> None:
+    import onnx_bisect
+
+    with pytest.raises(onnx_bisect.InputError, match="unknown metric 'l7'"):
+        onnx_bisect.bisect(YOLO, target="ref", metric="l7")

@@ -24,23 +24,33 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import textwrap
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
+
+import onnx_bisect
+from onnx_bisect import Verdict
+from onnx_bisect.adapters import ALIASES, adapters
+from onnx_bisect.adapters.ort import PROVIDERS
+from onnx_bisect.cli import EXIT_DIVERGED, EXIT_INTERNAL, EXIT_MATCH, EXIT_USAGE, bisect_app
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 BIN = Path(sys.executable).parent
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 RUNNABLE = ("console", "pycon", "python")
+# Variables that would make rich colour or size its output differently from the docs.
+_TERMINAL_ENV = ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS")
 GUIDE_DOCS = ("guide.md", "backends.md", "exec-protocol.md", "report-format.md")
+YOLO = ROOT / "examples" / "models" / "yolo_like.onnx"
+FAULTY_RUNTIME = ROOT / "examples" / "faulty_runtime.py"
 
 
 def _openvino_default_bf16() -> bool:
@@ -117,7 +127,7 @@ class Session:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         (workdir / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
-        self.env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "NO_COLOR")}
+        self.env = {k: v for k, v in os.environ.items() if k not in _TERMINAL_ENV}
         self.env["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
         self.env["COLUMNS"] = "140"
         self.namespace: dict[str, object] = {"__name__": "__docs__"}
@@ -232,46 +242,44 @@ def test_docs_use_only_known_fences() -> None:
             assert block.lang in allowed, f"{block.where}: fence language {block.lang!r}"
 
 
-def _report(tmp_path: Path) -> Path:
-    out = tmp_path / "report"
-    target = (
-        f"exec:{shlex_quote(sys.executable)} examples/faulty_runtime.py {{model}} {{inputs}} "
-        "{outputs} --fault /down1/conv/Conv=0.05"
-    )
-    proc = subprocess.run(
-        [str(BIN / "bisect"), "examples/models/yolo_like.onnx", "--target", target, "-q"]
-        + ["--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    return out
+class _PlantedFault(onnx_bisect.BackendBase):
+    """In-process twin of ``examples/faulty_runtime.py --fault NODE=0.05`` (no subprocesses)."""
 
+    def __init__(self, node: str) -> None:
+        super().__init__(onnx_bisect.parse_spec("planted"))
+        spec = importlib.util.spec_from_file_location("faulty_runtime", FAULTY_RUNTIME)
+        assert spec is not None and spec.loader is not None
+        self.runtime = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(self.runtime)
+        self.node, self.cpu = node, onnx_bisect.create_backend("cpu")
 
-def shlex_quote(s: str) -> str:
-    import shlex
-
-    return shlex.quote(s)
+    def _run(self, model: Any, feeds: Any) -> dict[str, Any]:
+        return self.cpu.run(self.runtime.plant_fault(model, self.node, 0.05), feeds)
 
 
 def test_report_format_doc_names_every_field(tmp_path: Path) -> None:
-    """Every key in a real report.json and every nodes.csv column is described in the doc."""
-    out = _report(tmp_path)
-    doc = (DOCS / "report-format.md").read_text()
-    named = set(re.findall(r"`([A-Za-z_][\w]*)`", doc))
+    """Every key of a real report.json and every nodes.csv column is described in the doc."""
+    result = onnx_bisect.bisect(YOLO, ref="cpu", target=_PlantedFault("/down1/conv/Conv"))
+    out = tmp_path / "report"
+    result.write(out)
     report = json.loads((out / "report.json").read_text())
-    keys = set(report)
-    keys |= set(report["first_divergence"]) - set(report["nodes"][0]["accumulated"]["metrics"])
-    keys |= set(report["root_cause"]) | set(report["nodes"][0]) | set(report["outputs"][0])
-    keys |= set(report["nodes"][0]["accumulated"]["metrics"])
-    missing = sorted(keys - named)
-    assert not missing, f"report-format.md does not describe report.json field(s) {missing}"
+    node = report["nodes"][0]
+    keys = set(report) | set(report["first_divergence"]) | set(report["root_cause"])
+    keys |= set(node) | set(node["accumulated"]) | set(node["accumulated"]["metrics"])
+    keys |= set(report["outputs"][0]) | {"tensor", "node", "reason"}  # not_probed entries
     columns = (out / "nodes.csv").read_text().splitlines()[0].split(",")
-    missing = sorted(set(columns) - named)
-    assert not missing, f"report-format.md does not describe nodes.csv column(s) {missing}"
-    assert "onnx-bisect/report/v1" in doc and report["schema"] == "onnx-bisect/report/v1"
+    doc = (DOCS / "report-format.md").read_text()
+    named = set(re.findall(r"`([A-Za-z_]\w*)`", doc))
+    assert not sorted(keys - named), f"report.json fields not in the doc: {sorted(keys - named)}"
+    assert not sorted(set(columns) - named), f"nodes.csv columns not in the doc: {columns}"
+    assert report["schema"] == "onnx-bisect/report/v1" and report["schema"] in doc
+    assert report["root_cause"] == {
+        "kind": "culprit",
+        "nodes": ["/down1/conv/Conv"],
+        "reason": report["root_cause"]["reason"],
+    }
+    documented = set(re.findall(r"^\| `([a-z-]+)` \|", doc, re.M))
+    assert {v.value for v in Verdict} <= documented, "a verdict is missing from the table"
 
 
 def test_plugin_from_backends_doc_registers_through_entry_points(tmp_path: Path) -> None:
@@ -308,10 +316,23 @@ def test_plugin_from_backends_doc_registers_through_entry_points(tmp_path: Path)
     assert "No divergence" in run.stdout
 
 
+def test_docs_cover_every_cli_option_backend_and_alias() -> None:
+    guide = (DOCS / "guide.md").read_text()
+    command = typer.main.get_command(bisect_app)
+    for param in command.params:
+        longest = max(param.opts, key=len)
+        if longest.startswith("--") and longest != "--help":
+            assert longest in guide, f"guide.md never mentions {longest}"
+    backends = (DOCS / "backends.md").read_text()
+    for name in (*adapters(), *ALIASES):
+        assert f"`{name}`" in backends, f"backends.md never mentions `{name}`"
+    for device in PROVIDERS:
+        assert f"| `{device}`" in backends, f"backends.md: no row for ort device {device}"
+    for code in (EXIT_MATCH, EXIT_DIVERGED, EXIT_USAGE, EXIT_INTERNAL):
+        assert re.search(rf"^\| {code} \|", guide, re.M), f"guide.md: no row for exit {code}"
+
+
 def test_readme_links_every_doc() -> None:
     readme = (ROOT / "README.md").read_text()
     for doc in GUIDE_DOCS:
         assert f"docs/{doc}" in readme
-
-
-_ = (shutil, textwrap)

@@ -369,3 +369,15 @@ def test_make_feeds_rejects_wrong_given_dtype() -> None:
 def test_parse_shape_rejects_empty_dims() -> None:
     with pytest.raises(InputError, match="dims must be integers"):
         parse_shape("x=1xx3")
+
+
+def test_save_npz_round_trips_names_numpy_savez_cannot(tmp_path: Path) -> None:
+    from onnx_bisect.feeds import save_npz
+
+    tensors = {"file": np.arange(3), "allow_pickle": np.ones(2), "a/b:c": np.zeros(())}
+    save_npz(tmp_path / "t.npz", tensors)
+    with np.load(tmp_path / "t.npz") as z:
+        assert sorted(z.files) == sorted(tensors)
+        for k, v in tensors.items():
+            np.testing.assert_array_equal(z[k], v)
+            assert z[k].shape == v.shape

@@ -9,23 +9,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from onnx_bisect.errors import InputError
 from onnx_bisect.feeds import save_npz
 from onnx_bisect.report.markdown import render_markdown
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult
 
-__all__ = ["write_reports"]
+__all__ = ["FORMATS", "check_formats", "write_reports"]
 
-_KNOWN = ("md", "json", "csv")
+FORMATS = ("md", "json", "csv")
+
+
+def check_formats(formats: Sequence[str]) -> None:
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown:
+        raise InputError(
+            f"unknown report format(s) {', '.join(unknown)}; choose from {', '.join(FORMATS)}"
+        )
 
 
 def write_reports(result: BisectResult, out_dir: Path, formats: Sequence[str]) -> list[Path]:
-    unknown = sorted(set(formats) - set(_KNOWN))
-    if unknown:
-        raise ValueError(
-            f"unknown report format(s) {', '.join(unknown)}; known: {', '.join(_KNOWN)}"
-        )
+    check_formats(formats)
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     if "json" in formats:
