@@ -38,7 +38,10 @@ Columns
                   the same with ``--load-outputs golden.json`` to compare; the two wall times
                   summed. (Polygraphy 0.53 spells "mark all" as ``'*'``; older releases as
                   ``mark all``, which the script falls back to.)
-    speedup       polygraphy s / diag s. Target: >= 5.0.
+    ort pair s    the same diagnosis on the work Polygraphy's workflow does: ``--ref cpu --target
+                  'cpu?opt=disable' --always-scan`` (ONNX Runtime on both sides, every tensor
+                  marked and compared, plus isolation), so the comparison is like for like.
+    speedup       polygraphy s / ort pair s. Target: >= 5.0.
     diag RSS MB   peak resident set of the diagnosis process, MiB. Target: <= 400.
     runs          backend runs the diagnosis made, from report.json ``runs``.
 
@@ -158,6 +161,9 @@ class Row:
     target: str = ""
     target_description: str = ""
     diagnosis: Series = field(default_factory=Series)
+    # The same work as Polygraphy's workflow (ORT on both sides, every tensor marked), done by
+    # onnx-bisect with --always-scan: the fair baseline for the speedup column.
+    ort_pair: Series = field(default_factory=Series)
     floor: Series = field(default_factory=Series)
     polygraphy: Series = field(default_factory=Series)
     polygraphy_note: str = ""
@@ -183,7 +189,7 @@ class Row:
 
     @property
     def speedup(self) -> float | None:
-        d, p = self.diagnosis.wall_s, self.polygraphy.wall_s
+        d, p = self.ort_pair.wall_s, self.polygraphy.wall_s
         return p / d if d and p is not None else None
 
     def verdicts(self) -> dict[str, bool | None]:
@@ -210,6 +216,7 @@ class Row:
                 "timings_s": self.timings_s,
                 "timings_s_per_run": self.timings_runs,
             },
+            "ort_pair": self.ort_pair.to_dict(),
             "floor": {
                 **self.floor.to_dict(),
                 "phases_s": self.floor_phases_s,
@@ -547,6 +554,17 @@ def bench_model(
             row.notes.append("no divergence: the diagnosis stopped after the screen")
         print(f"{tag} diagnosis {s.wall_s:7.2f} s {s.rss_mb:7.0f} MB  runs {row.runs}", flush=True)
 
+        # 1b. the same diagnosis with ORT on both sides, forced through scan and isolation
+        ddir = work / "ort-pair"
+        shutil.rmtree(ddir, ignore_errors=True)
+        argv = [*bisect_argv, str(path), "--ref", "cpu", "--target", "cpu?opt=disable"]
+        argv += [*shape_args, "--always-scan", "--out", str(ddir)]
+        s = measure(argv, work / "logs" / f"ort-pair-{i}.log")
+        if s.rc not in (0, 1):
+            raise BenchError(f"bisect (ORT pair) exited {s.rc}")
+        row.ort_pair.samples.append(s)
+        print(f"{tag} ort pair  {s.wall_s:7.2f} s {s.rss_mb:7.0f} MB", flush=True)
+
         # 2. floor
         log = work / "logs" / f"floor-{i}.log"
         s = measure(
@@ -584,7 +602,8 @@ def _mark(ok: bool | None) -> str:
 def render_table(rows: Sequence[Row]) -> str:
     head = (
         f"{'model':<12} {'input':<12} {'diag s':>7} {'floor s':>7} {'ratio':>6} {'<=2x':<4} "
-        f"{'polygraphy s':>12} {'speedup':>7} {'>=5x':<4} {'diag RSS MB':>11} {'<=400':<5}  runs"
+        f"{'ort pair s':>10} {'polygraphy s':>12} {'speedup':>7} {'>=5x':<4} {'diag RSS MB':>11} "
+        f"{'<=400':<5}  runs"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -597,6 +616,7 @@ def render_table(rows: Sequence[Row]) -> str:
         lines.append(
             f"{r.model:<12} {shape:<12} {_fmt(r.diagnosis.wall_s, '7.2f')} "
             f"{_fmt(r.floor.wall_s, '7.2f')} {_fmt(r.ratio, '6.2f')} {_mark(v['ratio']):<4} "
+            f"{_fmt(r.ort_pair.wall_s, '10.2f')} "
             f"{_fmt(r.polygraphy.wall_s, '12.2f')} {_fmt(r.speedup, '7.2f')} "
             f"{_mark(v['speedup']):<4} {_fmt(r.diagnosis.rss_mb, '11.0f')} "
             f"{_mark(v['rss']):<5}  {runs}"

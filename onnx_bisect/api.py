@@ -48,6 +48,7 @@ def bisect(
     rtol: float | None = None,
     max_memory: int = DEFAULT_MAX_MEMORY,
     parallel: bool = True,
+    always_scan: bool = False,
     command: str = "",
 ) -> BisectResult:
     """Find the first node where ``target`` departs from ``ref`` and the node that causes it.
@@ -55,8 +56,9 @@ def bisect(
     ``inputs`` is a path (.npz/.npy/test-case dir) or a dict of arrays; without it, seeded random
     inputs are generated (``shapes`` fixes dynamic dims). ``parallel`` runs the reference and
     the target concurrently where both are needed (set False for backends that are not
-    thread-safe together). Raises ``OnnxBisectError`` subclasses
-    for bad input and unusable backends.
+    thread-safe together). ``always_scan`` runs the scan and isolation even when the final
+    outputs agree, for the per-node error curve; the verdict still follows the outputs.
+    Raises ``OnnxBisectError`` subclasses for bad input and unusable backends.
     """
     try:
         crit = Criterion(metric=metric, threshold=threshold, atol=atol, rtol=rtol)
@@ -90,7 +92,8 @@ def bisect(
         "versions": environment(ref_b, tgt_b),
         "command": command,
     }
-    if not any(c.diverged for c in outputs):
+    diverged = any(c.diverged for c in outputs)
+    if not diverged and not always_scan:
         timings["total"] = time.perf_counter() - t0
         return BisectResult(
             verdict="match",
@@ -121,12 +124,17 @@ def bisect(
         timings["isolate"] = time.perf_counter() - t
     nodes = judge(loaded, accumulated, isolated, crit)
     first = first_divergence(nodes)
+    if not diverged and first is not None:
+        notes.append(
+            f"the final outputs agree, but {first.name!r} and later tensors diverge inside the "
+            "graph: the error does not reach the outputs beyond the threshold"
+        )
     timings["total"] = time.perf_counter() - t0
     return BisectResult(
-        verdict="diverged",
+        verdict="diverged" if diverged else "match",
         strategy="scan",
         first_divergence=first,
-        root_cause=root_cause(nodes, first),
+        root_cause=root_cause(nodes, first) if diverged or first is not None else None,
         nodes=tuple(nodes),
         timings=timings,
         runs=dict(stats.runs),

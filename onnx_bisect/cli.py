@@ -78,6 +78,9 @@ def run_command(
     max_memory: Annotated[
         str, typer.Option(help="Most probe output bytes one run may hold, e.g. 4GB, 256MB.")
     ] = "4GB",
+    always_scan: Annotated[
+        bool, typer.Option(help="Scan and isolate even when the final outputs agree.")
+    ] = False,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write reports here.")] = None,
     format: Annotated[
         str, typer.Option("--format", "-f", help="Report formats: md,json,csv.")
@@ -109,6 +112,7 @@ def run_command(
             atol=atol,
             rtol=rtol,
             max_memory=parse_bytes(max_memory),
+            always_scan=always_scan,
             command=command,
         )
         written = result.write(out, formats) if out is not None else []

@@ -169,3 +169,19 @@ def test_serial_and_parallel_runs_agree() -> None:
     b = onnx_bisect.bisect(YOLO, target=FaultyBackend(FAULT_NODE), parallel=True)
     assert [n.verdict for n in a.nodes] == [n.verdict for n in b.nodes]
     assert a.root_cause == b.root_cause
+
+
+def test_always_scan_gives_per_node_errors_on_a_match() -> None:
+    result = onnx_bisect.bisect(YOLO, target="cpu?opt=disable", always_scan=True)
+    assert result.verdict == "match" and result.root_cause is None
+    assert len(result.nodes) == 192
+    assert all(n.verdict is Verdict.OK for n in result.nodes)
+    assert all(n.accumulated is not None and n.isolated is not None for n in result.nodes)
+    # A 0.01% fault stays under the output threshold but is found inside the graph.
+    hidden = onnx_bisect.bisect(
+        YOLO, target=FaultyBackend(FAULT_NODE, 1e-4), always_scan=True, threshold=5e-5
+    )
+    assert hidden.verdict == "match"
+    assert hidden.first_divergence is not None and hidden.first_divergence.name == FAULT_NODE
+    assert hidden.root_cause is not None and hidden.root_cause.nodes == (FAULT_NODE,)
+    assert any("do not reach" in n or "does not reach" in n for n in hidden.notes)

@@ -31,8 +31,10 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
             f"[green]No divergence[/]: {head}: all {len(result.outputs)} output(s) pass "
             f"{result.criterion.describe()} ({result.timings.get('total', 0.0):.2f}s)"
         )
-        return
-    console.print(f"[bold red]Diverged[/]: {head}")
+        if not result.nodes:
+            return
+    else:
+        console.print(f"[bold red]Diverged[/]: {head}")
     for c in result.outputs:
         if c.diverged:
             console.print(
