@@ -273,36 +273,38 @@ def compare_tensors(
             target_dtype=td,
             reason=f"dtype {target.dtype} != reference {ref.dtype}",
         )
-    if kr != "float":
-        return _compare_exact(name, ref, target, crit, rd, td)
-    return _compare_float(name, ref, target, crit, rd, td)
-
-
-def _compare_exact(
-    name: str, ref: Array, target: Array, crit: Criterion, rd: str, td: str
-) -> Comparison:
-    differ = int(np.count_nonzero(ref != target))
-    metrics = {m.name: m.fn(ref, target) for m in METRICS.values()}
-    metrics["mismatch"] = differ / ref.size if ref.size else 0.0
-    score = metrics[crit.key]
-    status = Status.DIVERGED if differ else Status.OK
-    reason = f"{differ} of {ref.size} elements differ (exact comparison)" if differ else ""
+    judge = _judge_exact if kr != "float" else _judge_float
+    status, metrics, nonfinite, reason = judge(ref.ravel(), target.ravel(), crit)
     return Comparison(
         name,
         status,
-        score,
+        metrics[crit.key],
         metrics,
         shape=tuple(ref.shape),
+        nonfinite_mismatch=nonfinite,
         reason=reason,
         ref_dtype=rd,
         target_dtype=td,
     )
 
 
-def _compare_float(
-    name: str, ref: Array, target: Array, crit: Criterion, rd: str, td: str
-) -> Comparison:
-    r, t = _f64(ref).ravel(), _f64(target).ravel()
+_Judged = tuple[Status, dict[str, float], int, str]
+
+
+def _judge_exact(ref: Array, target: Array, crit: Criterion) -> _Judged:
+    """Integers and booleans: any differing element is a divergence, whatever the metric.
+    Counted on the original values: float64 cannot tell int64s above 2**53 apart."""
+    metrics = all_metrics(_f64(ref), _f64(target), crit.atol_value, crit.rtol_value)
+    differ = int(np.count_nonzero(ref != target))
+    metrics["mismatch"] = differ / ref.size if ref.size else 0.0
+    if differ:
+        reason = f"{differ} of {ref.size} elements differ (exact comparison)"
+        return Status.DIVERGED, metrics, 0, reason
+    return Status.OK, metrics, 0, ""
+
+
+def _judge_float(ref: Array, target: Array, crit: Criterion) -> _Judged:
+    r, t = _f64(ref), _f64(target)
     fin_r, fin_t = np.isfinite(r), np.isfinite(t)
     nonfinite = 0
     if not (fin_r.all() and fin_t.all()):
@@ -316,20 +318,8 @@ def _compare_float(
     metrics = all_metrics(r, t, crit.atol_value, crit.rtol_value)
     score = metrics[crit.key]
     if nonfinite:
-        status = Status.NONFINITE
         reason = f"{nonfinite} NaN/Inf values differ from the reference"
-    elif crit.exceeds(score):
-        status, reason = Status.DIVERGED, f"{crit.key}={score:.3g} fails {crit.describe()}"
-    else:
-        status, reason = Status.OK, ""
-    return Comparison(
-        name,
-        status,
-        score,
-        metrics,
-        shape=tuple(ref.shape),
-        nonfinite_mismatch=nonfinite,
-        reason=reason,
-        ref_dtype=rd,
-        target_dtype=td,
-    )
+        return Status.NONFINITE, metrics, nonfinite, reason
+    if crit.exceeds(score):
+        return Status.DIVERGED, metrics, 0, f"{crit.key}={score:.3g} fails {crit.describe()}"
+    return Status.OK, metrics, 0, ""

@@ -371,3 +371,10 @@ def test_all_metrics_equals_the_pure_functions(zero_ref: bool) -> None:
     for name, metric in METRICS.items():
         assert fused[name] == pytest.approx(metric.fn(ref, tgt), rel=1e-9, abs=1e-12), name
     assert fused["mismatch"] == pytest.approx(mismatch_fraction(ref, tgt, 1e-5, 1e-3))
+
+
+def test_large_int64_differences_are_not_lost_to_float64() -> None:
+    ref = np.array([2**60, 5], dtype=np.int64)
+    tgt = np.array([2**60 + 1, 5], dtype=np.int64)
+    c = compare_tensors("i", ref, tgt, Criterion())
+    assert c.status is Status.DIVERGED and c.metrics["mismatch"] == 0.5
