@@ -4,7 +4,7 @@ Usage::
 
     python examples/build_models.py [--out DIR]
 
-Writes ``yolo_like.onnx`` and ``transformer_block.onnx`` into ``DIR`` (default:
+Writes ``yolo_like.onnx``, ``yolo_fused.onnx`` and ``transformer_block.onnx`` into ``DIR`` (default:
 ``examples/models`` next to this script), then checks each one: ``onnx.checker`` with
 ``full_check=True``, unique non-empty node names, topological order, and onnxruntime vs.
 torch at batch 1 (and batch 2, to exercise the dynamic ``batch`` dimension).
@@ -20,6 +20,11 @@ Models
     (three chained MaxPool k5 s1 p2 plus Concat), a nearest Resize upsample and Concat
     (two-scale FPN) and a detection head with a DFL part (Reshape to ``[b, 4, 16, anchors]``,
     Transpose, Softmax over the 16 bins, 1x1 Conv with ``arange(16)`` weights).
+
+``yolo_fused.onnx``
+    The same detector with BatchNormalization folded into the Conv weights
+    (``TrainingMode.EVAL``), as deployed detectors ship: every SiLU reads straight from its
+    Conv, so the graph holds the Conv -> Sigmoid -> Mul chain of the YOLO11x bug report.
 
 ``transformer_block.onnx``
     One pre-norm transformer block. Input ``x`` ``[batch, 64, 16]`` laid out as
@@ -298,9 +303,12 @@ class Spec:
     input_name: str
     output_name: str
     input_shape: tuple[int, ...]  # first dimension is the dynamic "batch"
+    # BatchNorm folded into the Conv weights, as deployed detectors ship: Conv -> Sigmoid -> Mul.
+    fold_bn: bool = False
 
 
 YOLO = Spec("yolo_like.onnx", "images", "output0", (1, 3, IMAGE_SIZE, IMAGE_SIZE))
+YOLO_FUSED = Spec("yolo_fused.onnx", "images", "output0", (1, 3, IMAGE_SIZE, IMAGE_SIZE), True)
 TRANSFORMER = Spec("transformer_block.onnx", "x", "y", (1, 64, 16))
 
 
@@ -347,7 +355,7 @@ def calibrate_batchnorm(model: nn.Module, spec: Spec, gen: torch.Generator) -> N
 def build_torch_model(spec: Spec) -> nn.Module:
     """Construct the torch model for ``spec`` with deterministic weights, in eval mode."""
     torch.manual_seed(SEED)
-    model: nn.Module = YoloLike() if spec is YOLO else TransformerBlock()
+    model: nn.Module = TransformerBlock() if spec is TRANSFORMER else YoloLike()
     gen = torch.Generator().manual_seed(NORM_SEED)
     randomize_norms(model, gen)
     calibrate_batchnorm(model, spec, gen)
@@ -371,7 +379,9 @@ def export_onnx(model: nn.Module, spec: Spec) -> onnx.ModelProto:
             opset_version=OPSET,
             dynamo=False,
             dynamic_axes={spec.input_name: {0: "batch"}, spec.output_name: {0: "batch"}},
-            training=torch.onnx.TrainingMode.PRESERVE,
+            training=torch.onnx.TrainingMode.EVAL
+            if spec.fold_bn
+            else torch.onnx.TrainingMode.PRESERVE,
             do_constant_folding=True,
             export_params=True,
         )
@@ -505,7 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
 
-    for spec in (YOLO, TRANSFORMER):
+    for spec in (YOLO, YOLO_FUSED, TRANSFORMER):
         data, torch_model = build(spec)
         path = out / spec.filename
         path.write_bytes(data)

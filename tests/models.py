@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
 YOLO = ROOT / "examples" / "models" / "yolo_like.onnx"
+YOLO_FUSED = ROOT / "examples" / "models" / "yolo_fused.onnx"  # BN folded: Conv->Sigmoid->Mul
 TRANSFORMER = ROOT / "examples" / "models" / "transformer_block.onnx"
 FAULTY_RUNTIME = ROOT / "examples" / "faulty_runtime.py"
 

@@ -12,7 +12,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from tests.models import FAULTY_RUNTIME, ROOT, TRANSFORMER, YOLO
+from tests.models import FAULTY_RUNTIME, ROOT, TRANSFORMER, YOLO, YOLO_FUSED
 
 
 @pytest.mark.slow
@@ -25,7 +25,7 @@ def test_build_models_reproduces_committed_files(tmp_path: Path) -> None:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for committed in (YOLO, TRANSFORMER):
+    for committed in (YOLO, YOLO_FUSED, TRANSFORMER):
         assert (tmp_path / committed.name).read_bytes() == committed.read_bytes(), committed.name
 
 
@@ -37,6 +37,16 @@ def test_example_models_have_the_advertised_structure() -> None:
     assert {"Resize", "Softmax", "Concat"} <= set(ops)
     dims = yolo.graph.input[0].type.tensor_type.shape.dim
     assert dims[0].dim_param == "batch"
+    fused = onnx.load(str(YOLO_FUSED))
+    producers = {o: n for n in fused.graph.node for o in n.output}
+    assert "BatchNormalization" not in {n.op_type for n in fused.graph.node}
+    silu = [
+        n
+        for n in fused.graph.node
+        if n.op_type == "Mul"
+        and {producers[i].op_type for i in n.input if i in producers} == {"Conv", "Sigmoid"}
+    ]
+    assert len(silu) >= 20  # Conv -> Sigmoid -> Mul, the SiLU pattern of the YOLO11x report
     tr = onnx.load(str(TRANSFORMER))
     producers = {o: n for n in tr.graph.node for o in n.output}
     ln = next(n for n in tr.graph.node if n.op_type == "LayerNormalization")
