@@ -2,18 +2,29 @@
 """A SIMULATED faulty runtime for the exec: protocol: ONNX Runtime with a planted kernel bug.
 
     python examples/faulty_runtime.py MODEL INPUTS OUTPUTS [--fault NODE=0.05] [--reject OP]
+        [--pattern-fault NODE=F] [--hidden-fault NODE=F] [--abort-on NODE]
 
 It runs MODEL on INPUTS (.npz keyed by input name) with ONNX Runtime and writes OUTPUTS (.npz
 keyed by output name), exactly as the exec: protocol asks (docs/exec-protocol.md). With
 ``--fault NODE=F`` every output of node NODE is multiplied by (1 + F) wherever NODE appears,
 which is what a wrong kernel looks like from outside. With ``--reject OP`` it refuses models
-containing that op type, like a runtime that lacks a kernel. It needs only onnx, numpy and
-onnxruntime, so it doubles as a template for wrapping your own runtime.
+containing that op type, like a runtime that lacks a kernel. Bugs that hide from a per-node
+check are simulated too:
+
+- ``--pattern-fault NODE=F``: NODE (a Mul) is wrong only when the model also computes its two
+  inputs as Conv -> Sigmoid of the same Conv: a fused SiLU kernel bug, as in YOLO11x on Burn.
+- ``--hidden-fault NODE=F``: NODE is wrong only when its output is not a graph output: a fusion
+  bug that disappears when the tensor is observed.
+- ``--abort-on NODE``: the process aborts (SIGABRT) whenever NODE is in the model.
+
+It needs only onnx, numpy and onnxruntime, so it doubles as a template for wrapping your own
+runtime.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import numpy as np
@@ -42,6 +53,23 @@ def plant_fault(model: onnx.ModelProto, node_name: str, factor: float) -> onnx.M
     return out
 
 
+def silu_pattern_present(model: onnx.ModelProto, mul_name: str) -> bool:
+    """True when ``mul_name`` multiplies X by Sigmoid(X) and X comes from a Conv in ``model``."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    mul = next((n for n in model.graph.node if n.name == mul_name), None)
+    if mul is None or mul.op_type != "Mul":
+        return False
+    ops = {producer[i].op_type: producer[i] for i in mul.input if i in producer}
+    conv, sig = ops.get("Conv"), ops.get("Sigmoid")
+    return conv is not None and sig is not None and sig.input[0] in conv.output
+
+
+def output_observed(model: onnx.ModelProto, node_name: str) -> bool:
+    node = next((n for n in model.graph.node if n.name == node_name), None)
+    outputs = {o.name for o in model.graph.output}
+    return node is not None and any(o in outputs for o in node.output)
+
+
 def _scalar(factor: float) -> onnx.TensorProto:
     return helper.make_tensor("v", onnx.TensorProto.FLOAT, [], [1.0 + factor])
 
@@ -53,8 +81,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("outputs")
     p.add_argument("--fault", action="append", default=[], help="NODE=FRACTION, e.g. conv1=0.05")
     p.add_argument("--reject", action="append", default=[], help="op type this runtime lacks")
+    p.add_argument("--pattern-fault", action="append", default=[], help="MUL=F, SiLU chains only")
+    p.add_argument("--hidden-fault", action="append", default=[], help="NODE=F when unobserved")
+    p.add_argument("--abort-on", action="append", default=[], help="abort if NODE is present")
     args = p.parse_args(argv)
     model = onnx.load(args.model)
+    present = {n.name for n in model.graph.node}
+    if any(name in present for name in args.abort_on):
+        os.abort()
     for node in model.graph.node:
         if node.op_type in args.reject:
             print(
@@ -64,6 +98,14 @@ def main(argv: list[str]) -> int:
     for fault in args.fault:
         name, _, frac = fault.rpartition("=")
         model = plant_fault(model, name, float(frac))
+    for fault in args.pattern_fault:
+        name, _, frac = fault.rpartition("=")
+        if silu_pattern_present(model, name):
+            model = plant_fault(model, name, float(frac))
+    for fault in args.hidden_fault:
+        name, _, frac = fault.rpartition("=")
+        if name in present and not output_observed(model, name):
+            model = plant_fault(model, name, float(frac))
     # Mul of a float16/float64 tensor by a float scale would not type-check; keep to float32.
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     with np.load(args.inputs) as z:

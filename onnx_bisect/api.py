@@ -9,6 +9,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -20,17 +21,41 @@ import onnx
 from onnx_bisect.adapters.base import Backend, BackendSpec, create_backend
 from onnx_bisect.errors import InputError
 from onnx_bisect.feeds import make_feeds
-from onnx_bisect.locate import first_divergence, isolate, judge, root_cause, scan, screen
-from onnx_bisect.metrics import Criterion
+from onnx_bisect.locate import (
+    IsolationFailure,
+    Observed,
+    first_divergence,
+    isolate,
+    judge,
+    root_cause,
+    scan,
+    screen,
+)
+from onnx_bisect.metrics import Comparison, Criterion, compare_tensors
 from onnx_bisect.model import LoadedModel, fix_input_shapes, load_model, tensor_nbytes
-from onnx_bisect.result import BackendInfo, BisectResult
+from onnx_bisect.narrow import CutResult, cut_search, find_pattern
+from onnx_bisect.result import (
+    BackendInfo,
+    BisectResult,
+    NodeResult,
+    RootCause,
+    SearchInfo,
+    Verdict,
+)
 from onnx_bisect.run import RunStats, TensorStore
 
-__all__ = ["DEFAULT_MAX_MEMORY", "ISOLATION_BATCH_BYTES", "bisect", "environment"]
+__all__ = [
+    "DEFAULT_MAX_MEMORY",
+    "ISOLATION_BATCH_BYTES",
+    "STRATEGIES",
+    "bisect",
+    "environment",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MEMORY = 4 << 30
+STRATEGIES = ("auto", "scan", "bisect")
 # An isolation batch holds the reference's inputs and the target's outputs of every node in it,
 # with no buffer reuse between them. Past this size a batch costs more memory than it saves
 # time: on YOLOv8n-320 one batch took 0.82 s at 434 MB peak, three took 0.93 s at 343 MB.
@@ -53,6 +78,7 @@ def bisect(
     max_memory: int = DEFAULT_MAX_MEMORY,
     parallel: bool = True,
     always_scan: bool = False,
+    strategy: str = "auto",
     command: str = "",
 ) -> BisectResult:
     """Find the first node where ``target`` departs from ``ref`` and the node that causes it.
@@ -62,8 +88,13 @@ def bisect(
     the target concurrently where both are needed (set False for backends that are not
     thread-safe together). ``always_scan`` runs the scan and isolation even when the final
     outputs agree, for the per-node error curve; the verdict still follows the outputs.
+    ``strategy``: ``scan`` marks every tensor and isolates every node; ``bisect`` searches
+    over cuts, marking only the tensors live across each (keeps the target's fusions); ``auto``
+    scans and switches to bisect when marking outputs changes the target's result.
     Raises ``OnnxBisectError`` subclasses for bad input and unusable backends.
     """
+    if strategy not in STRATEGIES:
+        raise InputError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
     try:
         crit = Criterion(metric=metric, threshold=threshold, atol=atol, rtol=rtol)
     except ValueError as exc:
@@ -83,7 +114,8 @@ def bisect(
     notes = list(loaded.notes)
 
     t = time.perf_counter()
-    outputs = screen(ref_b, tgt_b, loaded, feeds, crit, stats, parallel)
+    screened = screen(ref_b, tgt_b, loaded, feeds, crit, stats, parallel)
+    outputs = tuple(screened.comparisons.values())
     timings["screen"] = time.perf_counter() - t
     common: dict[str, Any] = {
         "model": str(loaded.path) if loaded.path else "<in-memory ModelProto>",
@@ -96,7 +128,7 @@ def bisect(
         "versions": environment(ref_b, tgt_b),
         "command": command,
     }
-    diverged = any(c.diverged for c in outputs)
+    diverged = screened.diverged
     if not diverged and not always_scan:
         timings["total"] = time.perf_counter() - t0
         return BisectResult(
@@ -114,21 +146,38 @@ def bisect(
     sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))
     known = [s for s in sizes.values() if s is not None]
     total = sum(sizes.get(p) or max(known, default=0) for p in loaded.probes)
+    ctx = _Context(loaded, feeds, crit, stats, timings, notes)
     with tempfile.TemporaryDirectory(prefix="onnx-bisect-cache-") as cache:
         # Within budget the reference's tensors stay in memory; beyond it they go to disk.
         store = TensorStore(None if total <= max_memory else Path(cache))
         t = time.perf_counter()
-        accumulated = scan(
-            ref_b, tgt_b, loaded, feeds, crit, sizes, max_memory, store, stats, parallel
-        )
-        timings["scan"] = time.perf_counter() - t
-        notes += _observer_notes(loaded, outputs, accumulated)
-        t = time.perf_counter()
-        iso_budget = min(max_memory, ISOLATION_BATCH_BYTES)
-        isolated = isolate(tgt_b, loaded, feeds, crit, iso_budget, store, stats)
-        timings["isolate"] = time.perf_counter() - t
-    nodes = judge(loaded, accumulated, isolated, crit)
-    first = first_divergence(nodes)
+        if strategy == "bisect":
+            scan(ref_b, None, loaded, feeds, crit, sizes, max_memory, store, stats, parallel)
+            timings["scan"] = time.perf_counter() - t
+            found = _by_cut_search(ctx, tgt_b, store, "requested with --strategy bisect")
+            used = "bisect"
+        else:
+            scanned = scan(
+                ref_b, tgt_b, loaded, feeds, crit, sizes, max_memory, store, stats, parallel
+            )
+            timings["scan"] = time.perf_counter() - t
+            observer = _observer_problem(loaded, screened, scanned, crit)
+            if observer:
+                log.warning("%s", observer)
+                notes.append(observer)
+            t = time.perf_counter()
+            iso_budget = min(max_memory, ISOLATION_BATCH_BYTES)
+            isolated = isolate(tgt_b, loaded, feeds, crit, iso_budget, store, stats)
+            timings["isolate"] = time.perf_counter() - t
+            found = _by_scan(ctx, tgt_b, store, scanned, isolated, diverged)
+            used = "scan"
+            if observer and diverged and strategy == "auto":
+                reason = "switched from the scan: " + observer
+                log.warning("switching to the bisect strategy")
+                notes.append("switched to the bisect strategy, which marks only cut tensors")
+                found = _by_cut_search(ctx, tgt_b, store, reason, scan_nodes=found.nodes)
+                used = "scan+bisect"
+    nodes, first, cause, search = found.nodes, found.first, found.cause, found.search
     if not diverged and first is not None:
         notes.append(
             f"the final outputs agree, but {first.name!r} and later tensors diverge inside the "
@@ -137,15 +186,165 @@ def bisect(
     timings["total"] = time.perf_counter() - t0
     return BisectResult(
         verdict="diverged" if diverged else "match",
-        strategy="scan",
+        strategy=used,
         first_divergence=first,
-        root_cause=root_cause(nodes, first) if diverged or first is not None else None,
+        root_cause=cause if diverged or first is not None else None,
         nodes=tuple(nodes),
         timings=timings,
         runs=dict(stats.runs),
         notes=tuple(notes),
+        search=search,
         **common,
     )
+
+
+@dataclass(frozen=True)
+class _Context:
+    loaded: LoadedModel
+    feeds: Mapping[str, npt.NDArray[Any]]
+    crit: Criterion
+    stats: RunStats
+    timings: dict[str, float]
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class _Found:
+    nodes: Sequence[NodeResult]
+    first: NodeResult | None
+    cause: RootCause | None
+    search: SearchInfo | None = None
+
+
+def _by_scan(
+    ctx: _Context,
+    target: Backend,
+    store: TensorStore,
+    scanned: Observed,
+    isolated: Mapping[str, dict[str, Comparison] | IsolationFailure],
+    diverged: bool,
+) -> _Found:
+    """Verdicts from scan and isolation; a pattern search when no node is wrong alone."""
+    nodes = judge(ctx.loaded, scanned.comparisons, isolated, ctx.crit)
+    first = first_divergence(nodes)
+    cause = root_cause(nodes, first)
+    if first is None or (cause is not None and cause.kind != "none"):
+        return _Found(nodes, first, cause)
+    return _with_pattern(ctx, target, store, nodes, first, cause, None)
+
+
+def _by_cut_search(
+    ctx: _Context,
+    target: Backend,
+    store: TensorStore,
+    reason: str,
+    scan_nodes: Sequence[NodeResult] = (),
+) -> _Found:
+    """Binary search over cuts, then isolation of the transition node, then a pattern."""
+    t = time.perf_counter()
+    cut = cut_search(target, ctx.loaded, ctx.feeds, ctx.crit, store, ctx.stats)
+    ctx.timings["bisect"] = time.perf_counter() - t
+    isolated = isolate(
+        target, ctx.loaded, ctx.feeds, ctx.crit, 1 << 62, store, ctx.stats, [cut.node]
+    )
+    judged = judge(ctx.loaded, cut.comparisons, isolated, ctx.crit)
+    if scan_nodes:
+        # Keep the scan's full table; the search decides only the transition node's row.
+        by_name = {n.name: n for n in judged}
+        judged = [by_name[n.name] if n.name == cut.node.name else n for n in scan_nodes]
+    first = next(n for n in judged if n.name == cut.node.name)
+    if not first.diverged:
+        first = replace(first, accumulated=_worst_at(cut, ctx.crit))
+    search = SearchInfo(
+        reason=reason,
+        runs=cut.outcome.runs,
+        probes=cut.outcome.probes,
+        monotone=cut.outcome.monotone,
+        refined=cut.outcome.refined,
+        transition_node=cut.node.name,
+    )
+    if not cut.outcome.monotone:
+        ctx.notes.append(
+            "divergence is not monotone along the topological order (it vanished one cut past "
+            f"the transition); a linear pass around it chose {cut.node.name!r}"
+        )
+    if first.verdict is Verdict.CULPRIT and first.isolated is not None:
+        cause = RootCause(
+            "culprit",
+            (first.name,),
+            f"{first.op_type} {first.name!r} diverges on its own when fed the reference's "
+            f"inputs ({first.isolated.reason})",
+        )
+        return _Found(judged, first, cause, search)
+    fallback = RootCause("none", (), "no single node or small window reproduces the divergence")
+    return _with_pattern(ctx, target, store, judged, first, fallback, search)
+
+
+def _worst_at(cut: CutResult, crit: Criterion) -> Comparison | None:
+    outs = [cut.comparisons[o] for o in cut.node.outputs if o in cut.comparisons]
+    return max(outs, key=crit.badness) if outs else None
+
+
+def _with_pattern(
+    ctx: _Context,
+    target: Backend,
+    store: TensorStore,
+    nodes: Sequence[NodeResult],
+    first: NodeResult,
+    fallback: RootCause | None,
+    search: SearchInfo | None,
+) -> _Found:
+    t = time.perf_counter()
+    start = ctx.loaded.nodes[first.index]
+    pattern = find_pattern(target, ctx.loaded, ctx.feeds, ctx.crit, store, ctx.stats, start)
+    ctx.timings["pattern"] = time.perf_counter() - t
+    if pattern is None:
+        return _Found(nodes, first, fallback, search)
+    names = tuple(n.name for n in pattern.nodes)
+    ops = " -> ".join(n.op_type for n in pattern.nodes)
+    worst = max(pattern.comparisons.values(), key=ctx.crit.badness)
+    cause = RootCause(
+        "pattern",
+        names,
+        f"no node diverges alone, but the window {ops} ({len(names)} nodes) does when fed the "
+        f"reference's inputs ({worst.reason or worst.status.value}): a pattern or fusion bug",
+    )
+    window = set(names)
+    note = f"pattern window: {', '.join(names)}"
+    marked = [
+        replace(n, verdict=Verdict.PATTERN, note=note)
+        if n.name == first.name or (n.name in window and n.diverged)
+        else n
+        for n in nodes
+    ]
+    first = next(n for n in marked if n.name == first.name)
+    if search is not None:
+        search = replace(search, pattern_windows_tried=pattern.tried)
+    return _Found(marked, first, cause, search)
+
+
+def _observer_problem(
+    loaded: LoadedModel, plain: Observed, instrumented: Observed, crit: Criterion
+) -> str:
+    """Marking outputs can break the target's fusions; say so when the results show it."""
+    changed = [
+        n
+        for n, v in instrumented.target_outputs.items()
+        if n in plain.target_outputs
+        and compare_tensors(n, plain.target_outputs[n], v, crit).diverged
+    ]
+    if changed:
+        return (
+            "instrumentation changes the target's result: with every tensor marked as an "
+            f"output, {', '.join(changed[:3])} differ from the plain run (a fusion is likely "
+            "involved)"
+        )
+    if plain.diverged and not instrumented.diverged:
+        return (
+            "instrumentation changes the target's result: the plain run diverges but the run "
+            "with every tensor marked as an output does not (likely a fusion the markers break)"
+        )
+    return ""
 
 
 def _backend(b: BackendLike) -> Backend:
@@ -156,20 +355,6 @@ def _backend(b: BackendLike) -> Backend:
 
 def _info(b: Backend) -> BackendInfo:
     return BackendInfo(b.spec.text, b.describe(), b.versions())
-
-
-def _observer_notes(
-    loaded: LoadedModel, plain: Sequence[Any], accumulated: Mapping[str, Any]
-) -> list[str]:
-    """Marking outputs can break the target's fusions; say so when the results show it."""
-    plain_div = {c.tensor for c in plain if c.diverged}
-    instrumented_div = {t for t in loaded.outputs if t in accumulated and accumulated[t].diverged}
-    if plain_div and not instrumented_div:
-        return [
-            "instrumentation changes the target's result: the plain run diverges but the run "
-            "with every tensor marked as an output does not (likely a fusion the markers break)"
-        ]
-    return []
 
 
 def environment(*backends: Backend) -> dict[str, str]:

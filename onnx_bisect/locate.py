@@ -23,7 +23,9 @@ from onnx_bisect.run import RunStats, TensorStore, plan_chunks, run_pair, timed_
 
 __all__ = [
     "IsolationFailure",
+    "Observed",
     "first_divergence",
+    "is_constant",
     "isolate",
     "judge",
     "root_cause",
@@ -59,6 +61,19 @@ class IsolationFailure:
         return any(p in text for p in _UNSUPPORTED)
 
 
+@dataclass(frozen=True)
+class Observed:
+    """Comparisons from a run of both backends, and the target's final outputs from it (kept
+    to tell whether marking outputs changed what the target computes)."""
+
+    comparisons: Mapping[str, Comparison]
+    target_outputs: Mapping[str, npt.NDArray[Any]]
+
+    @property
+    def diverged(self) -> bool:
+        return any(c.diverged for c in self.comparisons.values())
+
+
 def screen(
     ref: Backend,
     target: Backend,
@@ -67,19 +82,22 @@ def screen(
     crit: Criterion,
     stats: RunStats,
     parallel: bool = True,
-) -> tuple[Comparison, ...]:
+) -> Observed:
     """Plain runs of both backends, compared on the final outputs only."""
     ref_out, tgt_out = run_pair(
         lambda: timed_run(ref, loaded.model, feeds, "ref", stats),
         lambda: timed_run(target, loaded.model, feeds, "target", stats),
         parallel,
     )
-    return tuple(compare_tensors(n, ref_out.get(n), tgt_out.get(n), crit) for n in loaded.outputs)
+    return Observed(
+        {n: compare_tensors(n, ref_out.get(n), tgt_out.get(n), crit) for n in loaded.outputs},
+        {n: tgt_out[n] for n in loaded.outputs if n in tgt_out},
+    )
 
 
 def scan(
     ref: Backend,
-    target: Backend,
+    target: Backend | None,
     loaded: LoadedModel,
     feeds: Feeds,
     crit: Criterion,
@@ -88,26 +106,37 @@ def scan(
     store: TensorStore,
     stats: RunStats,
     parallel: bool = True,
-) -> dict[str, Comparison]:
+) -> Observed:
     """Both backends with every probe marked, in chunks of at most ``budget`` bytes.
 
-    The reference's values go to ``store`` for isolation; the target's are compared and dropped.
+    The reference's values go to ``store`` for isolation; the target's are compared and dropped
+    (its final outputs are kept). With ``target`` None only the reference runs, to fill
+    ``store`` for a search that observes the target elsewhere.
     """
     chunks = plan_chunks(loaded.probes, sizes, budget)
     log.info("scan: %d probes in %d chunk(s)", len(loaded.probes), len(chunks))
     comparisons: dict[str, Comparison] = {}
+    finals: dict[str, npt.NDArray[Any]] = {}
+    outputs = set(loaded.outputs)
     for i, chunk in enumerate(chunks):
         log.debug("probe run %d/%d (%d tensors)", i + 1, len(chunks), len(chunk))
         marked = with_outputs(loaded.model, chunk)
-        ref_out, tgt_out = run_pair(
-            lambda m=marked: timed_run(ref, m, feeds, "ref", stats),  # type: ignore[misc]
-            lambda m=marked: timed_run(target, m, feeds, "target", stats),  # type: ignore[misc]
-            parallel,
-        )
+        if target is None:
+            ref_out, tgt_out = timed_run(ref, marked, feeds, "ref", stats), None
+        else:
+            ref_out, tgt_out = run_pair(
+                lambda m=marked: timed_run(ref, m, feeds, "ref", stats),  # type: ignore[misc]
+                lambda m=marked: timed_run(target, m, feeds, "target", stats),  # type: ignore[misc]
+                parallel,
+            )
         for name in chunk:
             store.put(name, ref_out[name])
+            if tgt_out is None:
+                continue
             comparisons[name] = compare_tensors(name, ref_out[name], tgt_out.get(name), crit)
-    return comparisons
+            if name in outputs and name in tgt_out:
+                finals[name] = tgt_out[name]
+    return Observed(comparisons, finals)
 
 
 def isolate(
@@ -165,7 +194,7 @@ def _run_isolated(
     batch: Sequence[NodeInfo],
     stats: RunStats,
 ) -> dict[str, npt.NDArray[Any]]:
-    constants = {t: store.get(t) for n in batch for t in n.inputs if _is_constant(t, loaded, store)}
+    constants = {t: store.get(t) for n in batch for t in n.inputs if is_constant(t, loaded, store)}
     model, fed = isolation_model(loaded, batch, store.metas, constants)
     iso_feeds = {k: v for k, v in feeds.items()}
     iso_feeds.update({name: store.get(tensor) for name, tensor in fed.items()})
@@ -176,7 +205,7 @@ def _run_isolated(
 _SMALL_INT = 64
 
 
-def _is_constant(tensor: str, loaded: LoadedModel, store: TensorStore) -> bool:
+def is_constant(tensor: str, loaded: LoadedModel, store: TensorStore) -> bool:
     if tensor not in store:
         return False
     producer = loaded.producer.get(tensor)
@@ -210,6 +239,8 @@ def judge(
                 verdict = Verdict.CULPRIT
             elif acc is not None and acc.diverged:
                 verdict = Verdict.PROPAGATED
+            elif acc is None and iso is None:
+                verdict = Verdict.NOT_PROBED
             else:
                 verdict = Verdict.OK
         results.append(

@@ -23,15 +23,20 @@ from onnx import helper, numpy_helper
 from onnx_bisect.errors import ModelLoadError
 
 __all__ = [
+    "METADATA_OPS",
     "LoadedModel",
     "NodeInfo",
     "NotProbed",
     "TensorMeta",
     "fix_input_shapes",
     "isolation_model",
+    "live_tensors",
     "load_model",
+    "prefix_model",
     "save_model",
     "tensor_nbytes",
+    "window_exits",
+    "window_model",
     "with_outputs",
 ]
 
@@ -297,7 +302,75 @@ def isolation_model(
     (OpenVINO's CPU plugin rejects an Unsqueeze whose axes are an input). Returns the model and
     a map from each new graph-input name to the original tensor it stands for.
     """
-    constants = constants or {}
+    outputs = [o for n in nodes for o in n.outputs]
+    return _extract(loaded, nodes, meta, constants or {}, False, outputs, "isolated")
+
+
+def window_model(
+    loaded: LoadedModel,
+    nodes: Sequence[NodeInfo],
+    meta: Mapping[str, TensorMeta],
+    constants: Mapping[str, npt.NDArray[Any]] | None = None,
+) -> tuple[onnx.ModelProto, dict[str, str], list[str]]:
+    """``nodes`` as one connected subgraph: edges between them stay inside, so the target may
+    fuse them, and only the window's exits are outputs (marking more would break fusions).
+
+    Inputs from outside the window become graph inputs as in ``isolation_model``. Returns the
+    model, the feed map and the exit tensors.
+    """
+    exits = window_exits(loaded, nodes)
+    model, feeds = _extract(loaded, nodes, meta, constants or {}, True, exits, "window")
+    return model, feeds, exits
+
+
+def prefix_model(loaded: LoadedModel, position: int) -> onnx.ModelProto:
+    """Nodes before ``position`` only, with the tensors live across that cut as outputs.
+
+    The target keeps its fusions everywhere except across the cut, which is what lets a
+    binary search over positions find a bug that hides whenever its tensors are observed.
+    """
+    nodes = loaded.nodes[:position]
+    model, _ = _extract(loaded, nodes, {}, {}, True, live_tensors(loaded, position), "prefix")
+    return model
+
+
+def live_tensors(loaded: LoadedModel, position: int) -> list[str]:
+    """Tensors produced before ``position`` and read at or after it (or graph outputs)."""
+    produced = {o: n.index for n in loaded.nodes[:position] for o in n.outputs}
+    later = {t for n in loaded.nodes[position:] for t in (*n.inputs, *n.implicit_inputs)}
+    later |= set(loaded.outputs)
+    return [t for t in produced if t in later]
+
+
+# Ops that read only a tensor's metadata: a reader of this kind does not observe the values.
+METADATA_OPS = frozenset({"Shape", "Size"})
+
+
+def window_exits(loaded: LoadedModel, nodes: Sequence[NodeInfo]) -> list[str]:
+    """Outputs of ``nodes`` whose values are read outside them, or that are graph outputs."""
+    inside = {n.name for n in nodes}
+    outside_reads = {
+        t
+        for n in loaded.nodes
+        if n.name not in inside and n.op_type not in METADATA_OPS
+        for t in (*n.inputs, *n.implicit_inputs)
+    }
+    outside_reads |= set(loaded.outputs)
+    return [o for n in nodes for o in n.outputs if o in outside_reads]
+
+
+def _extract(
+    loaded: LoadedModel,
+    nodes: Sequence[NodeInfo],
+    meta: Mapping[str, TensorMeta],
+    constants: Mapping[str, npt.NDArray[Any]],
+    keep_edges: bool,
+    outputs: Sequence[str],
+    suffix: str,
+) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """Copy ``nodes`` into a new model; activations they read from elsewhere become graph
+    inputs (``ref__<name>``) or, for ``constants``, initializers. With ``keep_edges`` a tensor
+    produced by one of ``nodes`` stays an internal edge."""
     src = loaded.model.graph
     graph_inputs = {i.name: i for i in src.input}
     inits = {t.name: t for t in src.initializer}
@@ -309,22 +382,21 @@ def isolation_model(
     used_inputs: set[str] = set()
     embedded: dict[str, str] = {}
 
+    def fresh(base: str) -> str:
+        name, k = base, 1
+        while name in taken:
+            name, k = f"{base}__{k}", k + 1
+        taken.add(name)
+        return name
+
     def feed_name(tensor: str) -> str:
         if tensor not in feed_for:
             if tensor in constants:
-                name = f"const__{tensor}"
-                while name in taken:
-                    name += "_"
-                taken.add(name)
-                feed_for[tensor] = name
-                embedded[name] = tensor
-                return name
-            name, k = f"ref__{tensor}", 1
-            while name in taken:
-                name, k = f"ref__{tensor}__{k}", k + 1
-            taken.add(name)
-            feed_for[tensor] = name
-            feeds[name] = tensor
+                feed_for[tensor] = fresh(f"const__{tensor}")
+                embedded[feed_for[tensor]] = tensor
+            else:
+                feed_for[tensor] = fresh(f"ref__{tensor}")
+                feeds[feed_for[tensor]] = tensor
         return feed_for[tensor]
 
     new_nodes: list[onnx.NodeProto] = []
@@ -333,7 +405,7 @@ def isolation_model(
         node = onnx.NodeProto()
         node.CopyFrom(protos[info.name])
         for j, name in enumerate(node.input):
-            if not name:
+            if not name or (keep_edges and name in produced):
                 continue
             if name in inits:
                 used_inits.add(name)
@@ -356,14 +428,17 @@ def isolation_model(
         elem = helper.np_dtype_to_tensor_dtype(m.dtype)
         return helper.make_tensor_value_info(name, elem, list(m.shape))
 
+    def out_vi(name: str) -> onnx.ValueInfoProto:
+        # Typed where we know the type: runtimes behind exec: may insist on it.
+        return vi(name, name) if name in meta else helper.make_value_info(name, onnx.TypeProto())
+
     inputs = [graph_inputs[n] for n in graph_inputs if n in used_inputs]
     inputs += [vi(f, t) for f, t in feeds.items()]
-    outputs = [helper.make_value_info(o, onnx.TypeProto()) for n in nodes for o in n.outputs]
     graph = helper.make_graph(
         new_nodes,
-        f"{src.name or 'graph'}_isolated",
+        f"{src.name or 'graph'}_{suffix}",
         inputs,
-        outputs,
+        [out_vi(o) for o in outputs],
         initializer=[inits[n] for n in inits if n in used_inits]
         + [numpy_helper.from_array(np.asarray(constants[t]), name) for name, t in embedded.items()],
     )

@@ -18,7 +18,7 @@ from onnx_bisect.model import NotProbed
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["BackendInfo", "BisectResult", "NodeResult", "RootCause", "Verdict"]
+__all__ = ["BackendInfo", "BisectResult", "NodeResult", "RootCause", "SearchInfo", "Verdict"]
 
 SCHEMA = "onnx-bisect/report/v1"
 NODE_COLUMNS = (
@@ -31,8 +31,10 @@ class Verdict(StrEnum):
     OK = "ok"
     CULPRIT = "culprit"
     PROPAGATED = "propagated"
+    PATTERN = "pattern"
     UNSUPPORTED = "unsupported"
     FAILED = "failed"
+    NOT_PROBED = "not-probed"
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,8 @@ class NodeResult:
 
 @dataclass(frozen=True)
 class RootCause:
-    """``kind`` is ``culprit`` (the node is wrong by itself) or ``none`` (no node alone is)."""
+    """``kind``: ``culprit`` (one node is wrong by itself), ``pattern`` (only a window of
+    connected nodes reproduces it), or ``none`` (neither could be shown)."""
 
     kind: str
     nodes: tuple[str, ...]
@@ -92,6 +95,30 @@ class RootCause:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "nodes": list(self.nodes), "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class SearchInfo:
+    """How the cut search went: positions asked, target runs spent, whether it was monotone."""
+
+    reason: str
+    runs: int
+    probes: tuple[tuple[int, bool], ...]
+    monotone: bool
+    refined: bool
+    transition_node: str
+    pattern_windows_tried: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "runs": self.runs,
+            "probes": [{"position": p, "diverged": d} for p, d in self.probes],
+            "monotone": self.monotone,
+            "refined": self.refined,
+            "transition_node": self.transition_node,
+            "pattern_windows_tried": self.pattern_windows_tried,
+        }
 
 
 @dataclass(frozen=True)
@@ -120,6 +147,7 @@ class BisectResult:
     notes: tuple[str, ...] = ()
     versions: Mapping[str, str] = field(default_factory=dict)
     command: str = ""
+    search: SearchInfo | None = None
 
     @property
     def diverged(self) -> bool:
@@ -195,6 +223,7 @@ class BisectResult:
             "versions": dict(self.versions),
             "command": self.command,
             "runs": dict(self.runs),
+            "search": self.search.to_dict() if self.search else None,
             "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
             "inputs": {
                 k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in self.inputs.items()

@@ -22,6 +22,8 @@ assert _spec and _spec.loader
 faulty_runtime = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(faulty_runtime)
 plant_fault = faulty_runtime.plant_fault
+silu_pattern_present = faulty_runtime.silu_pattern_present
+output_observed = faulty_runtime.output_observed
 
 
 class FaultyBackend(BackendBase):
@@ -50,4 +52,37 @@ class RefusingBackend(BackendBase):
         for node in model.graph.node:
             if node.op_type == self.op_type:
                 raise BackendError(f"op {self.op_type} is not implemented (node {node.name})")
+        return self.inner.run(model, feeds)
+
+
+class PatternFaultBackend(BackendBase):
+    """ORT CPU whose fused SiLU is wrong: Mul ``node`` is off by ``factor`` only when the model
+    also computes its inputs as Conv -> Sigmoid of that Conv."""
+
+    def __init__(self, node: str, factor: float = 0.05) -> None:
+        super().__init__(BackendSpec(text=f"pattern-faulty({node})", name="pattern-faulty"))
+        self.node, self.factor = node, factor
+        self.inner = create_backend("cpu")
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        if silu_pattern_present(model, self.node):
+            model = plant_fault(model, self.node, self.factor)
+        return self.inner.run(model, feeds)
+
+
+class HiddenFaultBackend(BackendBase):
+    """ORT CPU where ``node`` is wrong only while its output is not a graph output: a fusion
+    bug that vanishes when observed."""
+
+    def __init__(self, node: str, factor: float = 0.05) -> None:
+        super().__init__(BackendSpec(text=f"hidden-faulty({node})", name="hidden-faulty"))
+        self.node, self.factor = node, factor
+        self.inner = create_backend("cpu")
+        self.runs = 0
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        self.runs += 1
+        present = any(n.name == self.node for n in model.graph.node)
+        if present and not output_observed(model, self.node):
+            model = plant_fault(model, self.node, self.factor)
         return self.inner.run(model, feeds)

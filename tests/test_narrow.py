@@ -1,0 +1,157 @@
+"""Root causes one node alone does not show: pattern windows, observer effects, cut search."""
+
+from __future__ import annotations
+
+import math
+import shlex
+import sys
+
+import pytest
+
+import onnx_bisect
+from onnx_bisect import Verdict
+from onnx_bisect.search import CutSearch, backward_windows, closure_windows, forward_windows
+from tests.faulty import FaultyBackend, HiddenFaultBackend, PatternFaultBackend
+from tests.models import FAULTY_RUNTIME, TRANSFORMER, YOLO_FUSED, residual
+
+SILU = ("/down1/conv/Conv", "/down1/Sigmoid", "/down1/Mul")
+
+
+def runtime(*args: str) -> str:
+    cmd = [sys.executable, str(FAULTY_RUNTIME), "{model}", "{inputs}", "{outputs}", *args]
+    return "exec:" + shlex.join(cmd)
+
+
+def _check_pattern(result: onnx_bisect.BisectResult, window: tuple[str, ...]) -> None:
+    assert result.verdict == "diverged"
+    assert result.root_cause is not None
+    assert result.root_cause.kind == "pattern"
+    assert result.root_cause.nodes == window
+    assert result.first_divergence is not None
+    assert result.first_divergence.name == window[-1]
+    assert result.first_divergence.verdict is Verdict.PATTERN
+    assert not result.culprits()
+
+
+@pytest.mark.parametrize("via", ["adapter", "exec"])
+def test_silu_pattern_fault_is_a_three_node_pattern(via: str) -> None:
+    target = (
+        PatternFaultBackend("/down1/Mul")
+        if via == "adapter"
+        else runtime("--pattern-fault", "/down1/Mul=0.05")
+    )
+    result = onnx_bisect.bisect(YOLO_FUSED, target=target)
+    assert result.strategy == "scan"
+    _check_pattern(result, SILU)
+    assert "Conv -> Sigmoid -> Mul" in result.root_cause.reason  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("via", ["adapter", "exec"])
+def test_fault_hidden_when_observed_is_found_by_bisect(
+    via: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    node = "/down1/conv/Conv"
+    target = (
+        HiddenFaultBackend(node) if via == "adapter" else runtime("--hidden-fault", f"{node}=0.05")
+    )
+    with caplog.at_level("WARNING"):
+        result = onnx_bisect.bisect(YOLO_FUSED, target=target)
+    assert "switching to the bisect strategy" in caplog.text
+    assert result.strategy == "scan+bisect"
+    assert any("instrumentation changes the target's result" in n for n in result.notes)
+    assert result.search is not None and result.search.monotone
+    # Observed, the Conv is right; it is wrong only inside the chain that consumes it.
+    assert result.root_cause is not None and node in result.root_cause.nodes
+    assert result.root_cause.kind == "pattern"
+    assert set(result.root_cause.nodes) == set(SILU)
+
+
+def test_transformer_hidden_fault_in_layernorm() -> None:
+    node = "/ln1/LayerNormalization"
+    result = onnx_bisect.bisect(TRANSFORMER, target=HiddenFaultBackend(node))
+    assert result.strategy == "scan+bisect"
+    # LayerNorm is wrong only while unobserved: the window is it and every reader of its
+    # values (Q, K and V; the Shape ops read no values).
+    assert result.root_cause is not None and result.root_cause.kind == "pattern"
+    assert set(result.root_cause.nodes) == {
+        node,
+        "/attn/q/MatMul",
+        "/attn/k/MatMul",
+        "/attn/v/MatMul",
+    }
+
+
+def test_explicit_bisect_strategy_run_count_on_a_1000_node_model() -> None:
+    model = residual(334, width=16)  # 3 nodes a block + the output Identity
+    n = len(model.graph.node)
+    assert n >= 1000
+    planted = "add300"  # scales the residual stream, so the error reaches the output
+    target = FaultyBackend(planted, 0.05)
+    result = onnx_bisect.bisect(model, target=target, strategy="bisect")
+    assert result.strategy == "bisect"
+    assert result.search is not None
+    assert result.search.runs <= math.ceil(math.log2(n)) + 3
+    assert result.search.transition_node == planted
+    assert result.first_divergence is not None and result.first_divergence.name == planted
+    assert result.root_cause is not None
+    assert result.root_cause.kind == "culprit" and result.root_cause.nodes == (planted,)
+    # screen + search + one isolation of the transition node: nothing else runs the target.
+    assert result.runs["target"] == 1 + result.search.runs + 1
+    assert sum(1 for r in result.nodes if r.verdict is Verdict.NOT_PROBED) > n // 2
+
+
+def test_bisect_strategy_on_a_plain_kernel_fault_agrees_with_the_scan() -> None:
+    scan = onnx_bisect.bisect(YOLO_FUSED, target=FaultyBackend("/c2f1/cv1/conv/Conv"))
+    cut = onnx_bisect.bisect(
+        YOLO_FUSED, target=FaultyBackend("/c2f1/cv1/conv/Conv"), strategy="bisect"
+    )
+    assert scan.root_cause == cut.root_cause
+    assert cut.root_cause is not None and cut.root_cause.nodes == ("/c2f1/cv1/conv/Conv",)
+
+
+def test_scan_strategy_reports_the_observer_effect_without_switching() -> None:
+    result = onnx_bisect.bisect(
+        YOLO_FUSED, target=HiddenFaultBackend("/down1/conv/Conv"), strategy="scan"
+    )
+    assert result.strategy == "scan" and result.search is None
+    assert any("instrumentation changes" in n for n in result.notes)
+
+
+def test_unknown_strategy_is_an_input_error() -> None:
+    with pytest.raises(onnx_bisect.InputError, match="unknown strategy"):
+        onnx_bisect.bisect(YOLO_FUSED, target="ref", strategy="guess")
+
+
+# The pure search state.
+
+
+def _monotone(first_bad: int):  # type: ignore[no-untyped-def]
+    return lambda p: p >= first_bad
+
+
+@pytest.mark.parametrize("n", [2, 3, 10, 1000, 1025])
+def test_cut_search_finds_every_transition_in_log_steps(n: int) -> None:
+    for first_bad in sorted({1, 2, n // 3, n // 2, n - 1, n} - {0}):
+        out = CutSearch(0, n).run(_monotone(first_bad))
+        assert out.transition == first_bad
+        assert out.monotone
+        assert out.runs <= math.ceil(math.log2(n)) + 1
+
+
+def test_cut_search_notices_a_non_monotone_predicate_and_refines() -> None:
+    # Diverged at 500 and from 502 on: the binary search lands at 500, the check at 501
+    # contradicts it, and the linear pass settles on 502 (diverged and still diverged after).
+    out = CutSearch(0, 1000).run(lambda p: p == 500 or p >= 502)
+    assert not out.monotone and out.refined
+    assert out.transition == 502
+    assert out.runs <= math.ceil(math.log2(1000)) + 1 + 9
+
+
+def test_windows_grow_breadth_first_in_both_directions() -> None:
+    # 0 -> 1 -> 3, 0 -> 2 -> 3, 3 -> 4
+    producers = {1: [0], 2: [0], 3: [1, 2], 4: [3]}
+    consumers = {0: [1, 2], 1: [3], 2: [3], 3: [4]}
+    assert list(backward_windows(3, producers, 8)) == [(1, 3), (1, 2, 3), (0, 1, 2, 3)]
+    assert list(forward_windows(0, consumers, 3)) == [(0, 1), (0, 1, 2)]
+    # Node 0 fans out to 1 and 2: closing over it pulls in the sibling 2.
+    assert list(closure_windows(1, {1: [0]}, consumers, 8)) == [(0, 1, 2)]
