@@ -163,7 +163,7 @@ def bisect(
             timings["scan"] = time.perf_counter() - t
             observer = _observer_problem(loaded, screened, scanned, crit)
             if observer:
-                log.warning("%s", observer)
+                log.info("%s", observer)
                 notes.append(observer)
             t = time.perf_counter()
             iso_budget = min(max_memory, ISOLATION_BATCH_BYTES)
@@ -173,7 +173,7 @@ def bisect(
             used = "scan"
             if observer and diverged and strategy == "auto":
                 reason = "switched from the scan: " + observer
-                log.warning("switching to the bisect strategy")
+                log.info("switching to the bisect strategy")
                 notes.append("switched to the bisect strategy, which marks only cut tensors")
                 found = _by_cut_search(ctx, tgt_b, store, reason, scan_nodes=found.nodes)
                 used = "scan+bisect"

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from onnx_bisect.adapters.base import ALIASES, adapters
-from onnx_bisect.api import DEFAULT_MAX_MEMORY
+from onnx_bisect.api import DEFAULT_MAX_MEMORY, STRATEGIES
 from onnx_bisect.api import bisect as run_bisect
 from onnx_bisect.errors import OnnxBisectError
 from onnx_bisect.feeds import parse_shape
@@ -30,6 +30,7 @@ __all__ = ["EXIT_DIVERGED", "EXIT_INTERNAL", "EXIT_MATCH", "EXIT_USAGE", "app", 
 EXIT_MATCH, EXIT_DIVERGED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 MetricName = Enum("MetricName", {m: m for m in METRICS}, type=str)  # type: ignore[misc]
+StrategyName = Enum("StrategyName", {s: s for s in STRATEGIES}, type=str)  # type: ignore[misc]
 
 app = typer.Typer(
     name="onnx-bisect",
@@ -78,6 +79,13 @@ def run_command(
     max_memory: Annotated[
         str, typer.Option(help="Most probe output bytes one run may hold, e.g. 4GB, 256MB.")
     ] = "4GB",
+    strategy: Annotated[
+        StrategyName,
+        typer.Option(
+            help="scan: mark everything; bisect: search over cuts; auto: scan, then "
+            "bisect if marking outputs changes the target's result."
+        ),
+    ] = "auto",  # type: ignore[assignment]
     always_scan: Annotated[
         bool, typer.Option(help="Scan and isolate even when the final outputs agree.")
     ] = False,
@@ -113,6 +121,7 @@ def run_command(
             rtol=rtol,
             max_memory=parse_bytes(max_memory),
             always_scan=always_scan,
+            strategy=str(strategy.value if isinstance(strategy, Enum) else strategy),
             command=command,
         )
         written = result.write(out, formats) if out is not None else []

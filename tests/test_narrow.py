@@ -54,7 +54,7 @@ def test_fault_hidden_when_observed_is_found_by_bisect(
     target = (
         HiddenFaultBackend(node) if via == "adapter" else runtime("--hidden-fault", f"{node}=0.05")
     )
-    with caplog.at_level("WARNING"):
+    with caplog.at_level("INFO"):
         result = onnx_bisect.bisect(YOLO_FUSED, target=target)
     assert "switching to the bisect strategy" in caplog.text
     assert result.strategy == "scan+bisect"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from onnx_bisect.result import NodeResult
+from onnx_bisect.result import BisectResult, NodeResult
 
-__all__ = ["fmt", "fmt_amp", "node_label"]
+__all__ = ["fmt", "fmt_amp", "node_label", "search_line"]
 
 
 def fmt(x: float | None) -> str:
@@ -27,3 +27,15 @@ def fmt_amp(x: float | None) -> str:
 
 def node_label(n: NodeResult) -> str:
     return f"{n.op_type} `{n.name}` (#{n.index})"
+
+
+def search_line(result: BisectResult) -> str:
+    s = result.search
+    if s is None:
+        return ""
+    shape = "monotone" if s.monotone else "not monotone, refined linearly"
+    extra = f", {s.pattern_windows_tried} pattern windows" if s.pattern_windows_tried else ""
+    return (
+        f"cut search: {s.runs} target runs over {len(result.nodes)} nodes ({shape}), "
+        f"transition after {s.transition_node}{extra}"
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from onnx_bisect.report.format import fmt, fmt_amp, node_label
+from onnx_bisect.report.format import fmt, fmt_amp, node_label, search_line
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
@@ -76,6 +76,9 @@ def _summary(result: BisectResult) -> list[str]:
     if rc is not None:
         names = ", ".join(f"`{n}`" for n in rc.nodes) or "—"
         out.append(f"- **Root cause ({rc.kind}):** {names}. {rc.reason}")
+    out.append(f"- **Strategy:** {result.strategy}")
+    if result.search is not None:
+        out.append(f"- **Search:** {search_line(result)}. {result.search.reason}")
     return out
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from onnx_bisect.report.format import fmt, fmt_amp
+from onnx_bisect.report.format import fmt, fmt_amp, search_line
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult
@@ -74,6 +74,8 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
         console.print(table)
     for note in result.notes:
         console.print(f"[dim]note:[/] {note}")
+    if result.search is not None:
+        console.print(f"[dim]{search_line(result)}[/]")
     runs = ", ".join(f"{k} {v}" for k, v in result.runs.items())
     steps = ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items())
     console.print(f"[dim]strategy {result.strategy}; runs: {runs}; {steps}[/]")
