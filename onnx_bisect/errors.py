@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "BackendCrash",
     "BackendError",
     "BackendUnavailableError",
     "InputError",
@@ -38,3 +39,7 @@ class BackendError(OnnxBisectError):
     def __init__(self, message: str, *, node: str | None = None) -> None:
         super().__init__(message)
         self.node = node
+
+
+class BackendCrash(BackendError):
+    """The backend's process died (a signal) or hung past the timeout: it did not just fail."""

@@ -162,7 +162,7 @@ def test_unknown_backend_lists_known_names() -> None:
     ("text", "message"),
     [
         ("cpu?foo=1", "backend 'cpu?foo=1': unknown option(s) foo; valid: opt, disable, threads"),
-        ("ref?x=1&a=2", "backend 'ref?x=1&a=2': unknown option(s) a, x; valid: none"),
+        ("ref?x=1&a=2", "backend 'ref?x=1&a=2': unknown option(s) a, x; valid: dtype"),
         (
             "cpu?opt=bogus",
             "backend 'cpu?opt=bogus': opt must be one of disable, basic, extended, all",
@@ -345,7 +345,8 @@ def test_exec_runtime_that_works(py: str, tmp_path: Path) -> None:
     folder.mkdir()
     script = _script(folder, RUNTIME)
     backend = create_backend(_exec(py, script))
-    assert backend.describe() == f"exec: {py} {script} {{model}} {{inputs}} {{outputs}}"
+    quoted = shlex.quote(str(script))  # the path has a space
+    assert backend.describe() == f"exec: {py} {quoted} {{model}} {{inputs}} {{outputs}}"
     model = with_outputs(chain(), ["a0", "y"])
     out = backend.run(model, {"x": X, "not_an_input": np.zeros(3)})
     want = create_backend("cpu").run(model, {"x": X})

@@ -21,7 +21,7 @@ import numpy.typing as npt
 import onnx
 
 from onnx_bisect.adapters.base import BackendBase, BackendSpec, Tensors
-from onnx_bisect.errors import BackendError, SpecError
+from onnx_bisect.errors import BackendCrash, BackendError, SpecError
 from onnx_bisect.feeds import save_npz
 from onnx_bisect.model import save_model
 
@@ -32,10 +32,9 @@ _STDERR_TAIL = 5
 
 
 class ExecBackend(BackendBase):
-    timeout: float | None = None
-
-    def __init__(self, spec: BackendSpec) -> None:
+    def __init__(self, spec: BackendSpec, timeout: float | None = None) -> None:
         super().__init__(spec)
+        self.timeout = timeout
         command = spec.device or ""
         try:
             self.argv = shlex.split(command)
@@ -62,14 +61,18 @@ class ExecBackend(BackendBase):
             save_npz(Path(paths["{inputs}"]), {k: v for k, v in feeds.items() if k in wanted})
             argv = [_substitute(a, paths) for a in self.argv]
             try:
-                proc = subprocess.run(argv, capture_output=True, timeout=self.timeout)
+                proc = subprocess.run(
+                    argv, capture_output=True, timeout=self.timeout, env=self.environment()
+                )
             except FileNotFoundError:
                 raise BackendError(f"{self.spec.text}: command not found: {argv[0]}") from None
             except subprocess.TimeoutExpired:
-                raise BackendError(f"{self.spec.text}: timed out after {self.timeout}s") from None
+                raise BackendCrash(f"{self.spec.text}: timed out after {self.timeout}s") from None
             if proc.returncode != 0:
                 status = _status(proc.returncode)
-                raise BackendError(f"{self.spec.text}: exited with {status}: {_tail(proc.stderr)}")
+                # Killed by a signal (segfault, abort) is a crash, not an error it reported.
+                error = BackendCrash if proc.returncode < 0 else BackendError
+                raise error(f"{self.spec.text}: exited with {status}: {_tail(proc.stderr)}")
             out_path = Path(paths["{outputs}"])
             if not out_path.exists():
                 raise BackendError(
@@ -78,8 +81,14 @@ class ExecBackend(BackendBase):
             with np.load(out_path, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}
 
+    def environment(self) -> dict[str, str] | None:
+        """The child's environment; None inherits ours."""
+        return None
+
     def describe(self) -> str:
-        return f"exec: {' '.join(self.argv)}"
+        # Quoted so that a path with a space reads unambiguously; placeholders stay readable.
+        words = (a if a in PLACEHOLDERS else shlex.quote(a) for a in self.argv)
+        return "exec: " + " ".join(words)
 
 
 def _substitute(arg: str, paths: Mapping[str, str]) -> str:
