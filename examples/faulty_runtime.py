@@ -16,6 +16,7 @@ check are simulated too:
 - ``--hidden-fault NODE=F``: NODE is wrong only when its output is not a graph output: a fusion
   bug that disappears when the tensor is observed.
 - ``--abort-on NODE``: the process aborts (SIGABRT) whenever NODE is in the model.
+- ``--hang-on NODE``: the process hangs whenever NODE is in the model.
 
 It needs only onnx, numpy and onnxruntime, so it doubles as a template for wrapping your own
 runtime.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 import onnx
@@ -84,11 +86,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--pattern-fault", action="append", default=[], help="MUL=F, SiLU chains only")
     p.add_argument("--hidden-fault", action="append", default=[], help="NODE=F when unobserved")
     p.add_argument("--abort-on", action="append", default=[], help="abort if NODE is present")
+    p.add_argument("--hang-on", action="append", default=[], help="hang if NODE is present")
     args = p.parse_args(argv)
     model = onnx.load(args.model)
     present = {n.name for n in model.graph.node}
     if any(name in present for name in args.abort_on):
         os.abort()
+    if any(name in present for name in args.hang_on):
+        time.sleep(3600)
     for node in model.graph.node:
         if node.op_type in args.reject:
             print(

@@ -18,8 +18,9 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 
-from onnx_bisect.adapters.base import Backend, BackendSpec, create_backend
-from onnx_bisect.errors import InputError
+from onnx_bisect.adapters.base import Backend, BackendSpec, create_backend, parse_spec
+from onnx_bisect.adapters.exec import ExecBackend
+from onnx_bisect.errors import BackendCrash, BackendError, InputError
 from onnx_bisect.feeds import make_feeds
 from onnx_bisect.locate import (
     IsolationFailure,
@@ -32,7 +33,13 @@ from onnx_bisect.locate import (
     screen,
 )
 from onnx_bisect.metrics import Comparison, Criterion, compare_tensors
-from onnx_bisect.model import LoadedModel, fix_input_shapes, load_model, tensor_nbytes
+from onnx_bisect.model import (
+    LoadedModel,
+    fix_input_shapes,
+    load_model,
+    prefix_model,
+    tensor_nbytes,
+)
 from onnx_bisect.narrow import CutResult, cut_search, find_pattern
 from onnx_bisect.result import (
     BackendInfo,
@@ -42,7 +49,9 @@ from onnx_bisect.result import (
     SearchInfo,
     Verdict,
 )
-from onnx_bisect.run import RunStats, TensorStore
+from onnx_bisect.run import RunStats, TensorStore, timed_run
+from onnx_bisect.sandbox import SandboxBackend
+from onnx_bisect.search import CutSearch
 
 __all__ = [
     "DEFAULT_MAX_MEMORY",
@@ -79,6 +88,8 @@ def bisect(
     parallel: bool = True,
     always_scan: bool = False,
     strategy: str = "auto",
+    isolate_crashes: bool | None = None,
+    timeout: float | None = None,
     command: str = "",
 ) -> BisectResult:
     """Find the first node where ``target`` departs from ``ref`` and the node that causes it.
@@ -91,6 +102,9 @@ def bisect(
     ``strategy``: ``scan`` marks every tensor and isolates every node; ``bisect`` searches
     over cuts, marking only the tensors live across each (keeps the target's fusions); ``auto``
     scans and switches to bisect when marking outputs changes the target's result.
+    ``isolate_crashes`` runs every target step in a child process (always so for ``exec:``
+    targets, which are child processes already), so a segfault or abort is caught and bisected
+    to the node that causes it; ``timeout`` (seconds per target run) turns a hang into a crash.
     Raises ``OnnxBisectError`` subclasses for bad input and unusable backends.
     """
     if strategy not in STRATEGIES:
@@ -108,26 +122,33 @@ def bisect(
         shapes=shapes,
         seed=seed,
     )
-    ref_b, tgt_b = _backend(ref), _backend(target)
+    ref_b, tgt_b = _backend(ref, False, None), _backend(target, isolate_crashes, timeout)
     timings["load"] = time.perf_counter() - t0
     stats = RunStats()
     notes = list(loaded.notes)
 
-    t = time.perf_counter()
-    screened = screen(ref_b, tgt_b, loaded, feeds, crit, stats, parallel)
-    outputs = tuple(screened.comparisons.values())
-    timings["screen"] = time.perf_counter() - t
     common: dict[str, Any] = {
         "model": str(loaded.path) if loaded.path else "<in-memory ModelProto>",
         "ref": _info(ref_b),
         "target": _info(tgt_b),
         "criterion": crit,
-        "outputs": outputs,
+        "outputs": (),
         "not_probed": loaded.not_probed,
         "inputs": feeds,
         "versions": environment(ref_b, tgt_b),
         "command": command,
     }
+    t = time.perf_counter()
+    try:
+        screened = screen(ref_b, tgt_b, loaded, feeds, crit, stats, parallel)
+    except BackendCrash as exc:
+        if exc.role != "target":
+            raise
+        timings["screen"] = time.perf_counter() - t
+        return _crash_result(loaded, tgt_b, feeds, stats, timings, notes, t0, exc, common)
+    outputs = tuple(screened.comparisons.values())
+    common["outputs"] = outputs
+    timings["screen"] = time.perf_counter() - t
     diverged = screened.diverged
     if not diverged and not always_scan:
         timings["total"] = time.perf_counter() - t0
@@ -347,10 +368,120 @@ def _observer_problem(
     return ""
 
 
-def _backend(b: BackendLike) -> Backend:
-    if isinstance(b, str | BackendSpec):
-        return create_backend(b)
-    return b
+def _backend(b: BackendLike, isolate: bool | None, timeout: float | None) -> Backend:
+    if not isinstance(b, str | BackendSpec):
+        if isolate:
+            raise InputError(
+                "isolate_crashes needs the backend as a spec string (e.g. 'pkg.module:Class'), "
+                "so that a child process can build it"
+            )
+        return b
+    spec = parse_spec(b) if isinstance(b, str) else b
+    backend = create_backend(spec)  # validates the spec and availability here, not in a child
+    if isinstance(backend, ExecBackend):
+        backend.timeout = timeout
+        return backend
+    if isolate:
+        return SandboxBackend(spec, timeout)
+    return backend
+
+
+def _crashes_on_anything(
+    loaded: LoadedModel, target: Backend, feeds: Mapping[str, npt.NDArray[Any]], stats: RunStats
+) -> bool:
+    """Whether the target dies even on Identity: then no node is to blame."""
+    src = loaded.model
+    first = next(i for i in src.graph.input if i.name in feeds)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", [first.name], ["identity_out"], name="identity")],
+        "sanity",
+        [first],
+        [onnx.helper.make_value_info("identity_out", onnx.TypeProto())],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=list(src.opset_import))
+    model.ir_version = src.ir_version
+    try:
+        timed_run(target, model, {first.name: feeds[first.name]}, "target", stats)
+    except BackendCrash:
+        return True
+    except BackendError:
+        return False
+    return False
+
+
+def _crash_result(
+    loaded: LoadedModel,
+    target: Backend,
+    feeds: Mapping[str, npt.NDArray[Any]],
+    stats: RunStats,
+    timings: dict[str, float],
+    notes: list[str],
+    t0: float,
+    crash: BackendCrash,
+    common: dict[str, Any],
+) -> BisectResult:
+    """The target dies on the full model: find the first node whose presence kills it."""
+
+    def crashes(position: int) -> bool:
+        try:
+            timed_run(target, prefix_model(loaded, position), feeds, "target", stats)
+        except BackendCrash:
+            return True
+        except BackendError as exc:
+            log.info("prefix %d failed without crashing: %s", position, exc)
+        return False
+
+    if _crashes_on_anything(loaded, target, feeds, stats):
+        raise BackendCrash(f"{crash} (it also crashes on a one-node Identity model)", role="target")
+    t = time.perf_counter()
+    outcome = CutSearch(0, len(loaded.nodes)).run(crashes)
+    timings["bisect"] = time.perf_counter() - t
+    node = loaded.nodes[outcome.transition - 1]
+    message = str(crash).removeprefix("target failed: ")
+    rows = [
+        NodeResult(
+            index=n.index,
+            name=n.name,
+            op_type=n.op_type,
+            inputs=n.inputs,
+            outputs=n.outputs,
+            verdict=Verdict.CRASHED if n is node else Verdict.NOT_PROBED,
+            accumulated=None,
+            note=f"the target crashes when this node is in the model: {message}"
+            if n is node
+            else "",
+        )
+        for n in loaded.nodes
+    ]
+    cause = RootCause(
+        "crash",
+        (node.name,),
+        f"the target crashes whenever {node.op_type} {node.name!r} is in the model, and runs "
+        f"every smaller prefix of the graph ({message})",
+    )
+    if not outcome.monotone:
+        notes.append("crashes were not monotone along the order; a linear pass decided")
+    search = SearchInfo(
+        reason="the target crashed on the full model",
+        runs=outcome.runs,
+        probes=outcome.probes,
+        monotone=outcome.monotone,
+        refined=outcome.refined,
+        transition_node=node.name,
+    )
+    timings["total"] = time.perf_counter() - t0
+    return BisectResult(
+        verdict="diverged",
+        strategy="crash-bisect",
+        first_divergence=rows[node.index],
+        root_cause=cause,
+        nodes=tuple(rows),
+        timings=timings,
+        runs=dict(stats.runs),
+        notes=tuple(notes),
+        search=search,
+        **common,
+    )
 
 
 def _info(b: Backend) -> BackendInfo:

@@ -86,6 +86,18 @@ def run_command(
             "bisect if marking outputs changes the target's result."
         ),
     ] = "auto",  # type: ignore[assignment]
+    isolate_crashes: Annotated[
+        bool | None,
+        typer.Option(
+            "--isolate-crashes/--no-isolate-crashes",
+            help="Run target steps in a child process so a crash is caught and localized "
+            "(always on for exec: targets).",
+            show_default=False,
+        ),
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="Seconds per target run before it counts as a crash.")
+    ] = None,
     always_scan: Annotated[
         bool, typer.Option(help="Scan and isolate even when the final outputs agree.")
     ] = False,
@@ -121,6 +133,8 @@ def run_command(
             rtol=rtol,
             max_memory=parse_bytes(max_memory),
             always_scan=always_scan,
+            isolate_crashes=isolate_crashes,
+            timeout=timeout,
             strategy=str(strategy.value if isinstance(strategy, Enum) else strategy),
             command=command,
         )

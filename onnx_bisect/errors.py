@@ -36,9 +36,10 @@ class BackendUnavailableError(OnnxBisectError):
 class BackendError(OnnxBisectError):
     """A backend failed while loading or running a model."""
 
-    def __init__(self, message: str, *, node: str | None = None) -> None:
+    def __init__(self, message: str, *, node: str | None = None, role: str | None = None) -> None:
         super().__init__(message)
         self.node = node
+        self.role = role  # "ref" or "target" once the search knows which side failed
 
 
 class BackendCrash(BackendError):

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from onnx_bisect.adapters.base import Backend
-from onnx_bisect.errors import BackendError
+from onnx_bisect.errors import BackendCrash, BackendError
 from onnx_bisect.metrics import Comparison, Criterion, compare_tensors
 from onnx_bisect.model import LoadedModel, NodeInfo, isolation_model, with_outputs
 from onnx_bisect.result import NodeResult, RootCause, Verdict
@@ -54,6 +54,7 @@ _UNSUPPORTED = (
 @dataclass(frozen=True)
 class IsolationFailure:
     message: str
+    crashed: bool = False
 
     @property
     def unsupported(self) -> bool:
@@ -174,7 +175,7 @@ def isolate(
             outs = _run_isolated(target, loaded, feeds, store, batch, stats)
         except BackendError as exc:
             if len(batch) == 1:
-                results[batch[0].name] = IsolationFailure(str(exc))
+                results[batch[0].name] = IsolationFailure(str(exc), isinstance(exc, BackendCrash))
                 continue
             half = len(batch) // 2
             pending += [batch[half:], batch[:half]]
@@ -230,8 +231,10 @@ def judge(
         iso: Comparison | None = None
         note = ""
         if isinstance(iso_entry, IsolationFailure):
-            unsupported = iso_entry.unsupported
-            verdict = Verdict.UNSUPPORTED if unsupported else Verdict.FAILED
+            if iso_entry.crashed:
+                verdict = Verdict.CRASHED
+            else:
+                verdict = Verdict.UNSUPPORTED if iso_entry.unsupported else Verdict.FAILED
             note = f"target could not run this node alone: {iso_entry.message}"
         else:
             iso = _worst(list(iso_entry.values()), crit) if iso_entry else None

@@ -34,6 +34,7 @@ class Verdict(StrEnum):
     PATTERN = "pattern"
     UNSUPPORTED = "unsupported"
     FAILED = "failed"
+    CRASHED = "crashed"
     NOT_PROBED = "not-probed"
 
 
@@ -87,7 +88,8 @@ class NodeResult:
 @dataclass(frozen=True)
 class RootCause:
     """``kind``: ``culprit`` (one node is wrong by itself), ``pattern`` (only a window of
-    connected nodes reproduces it), or ``none`` (neither could be shown)."""
+    connected nodes reproduces it), ``crash`` (the target dies when the node is present), or
+    ``none`` (none of these could be shown)."""
 
     kind: str
     nodes: tuple[str, ...]
@@ -196,15 +198,16 @@ class BisectResult:
     def to_dict(self) -> dict[str, Any]:
         fd = self.first_divergence
         first = None
-        if fd is not None and fd.accumulated is not None:
+        if fd is not None:
+            acc = fd.accumulated
             first = {
                 "node": fd.name,
                 "op_type": fd.op_type,
                 "index": fd.index,
                 "tensor": fd.tensor,
-                "status": fd.accumulated.status.value,
-                "reason": fd.accumulated.reason,
-                **{k: _num(v) for k, v in fd.accumulated.metrics.items()},
+                "status": acc.status.value if acc else fd.verdict.value,
+                "reason": acc.reason if acc else fd.note,
+                **({k: _num(v) for k, v in acc.metrics.items()} if acc else {}),
             }
         return {
             "schema": SCHEMA,

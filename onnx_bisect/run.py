@@ -127,7 +127,7 @@ def timed_run(
         return backend.run(model, feeds)
     except BackendError as exc:
         who = "reference" if role == "ref" else role
-        raise BackendError(f"{who} failed: {exc}", node=exc.node) from exc
+        raise type(exc)(f"{who} failed: {exc}", node=exc.node, role=role) from exc
     finally:
         stats.record(role, time.perf_counter() - start)
 

@@ -86,3 +86,21 @@ class HiddenFaultBackend(BackendBase):
         if present and not output_observed(model, self.node):
             model = plant_fault(model, self.node, self.factor)
         return self.inner.run(model, feeds)
+
+
+class AbortingBackend(BackendBase):
+    """ORT CPU that aborts the whole process when node ``?node=NAME`` is in the model, like a
+    runtime that segfaults on one kernel. Only safe to run in a child process."""
+
+    def __init__(self, spec: BackendSpec) -> None:
+        super().__init__(spec)
+        spec.check_options(["node"])
+        self.node = spec.option("node") or ""
+        self.inner = create_backend("cpu")
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        if any(n.name == self.node for n in model.graph.node):
+            import os
+
+            os.abort()
+        return self.inner.run(model, feeds)

@@ -155,3 +155,60 @@ def test_windows_grow_breadth_first_in_both_directions() -> None:
     assert list(forward_windows(0, consumers, 3)) == [(0, 1), (0, 1, 2)]
     # Node 0 fans out to 1 and 2: closing over it pulls in the sibling 2.
     assert list(closure_windows(1, {1: [0]}, consumers, 8)) == [(0, 1, 2)]
+
+
+# Crashes.
+
+CRASH_NODE = "/c2f1/m.0/cv2/Mul"
+
+
+def _check_crash(result: onnx_bisect.BisectResult) -> None:
+    assert result.verdict == "diverged" and result.strategy == "crash-bisect"
+    assert result.root_cause is not None
+    assert result.root_cause.kind == "crash" and result.root_cause.nodes == (CRASH_NODE,)
+    assert result.first_divergence is not None
+    assert result.first_divergence.verdict is Verdict.CRASHED
+    assert result.search is not None
+    assert result.search.runs <= math.ceil(math.log2(len(result.nodes))) + 3
+
+
+def test_exec_runtime_that_aborts_on_one_node() -> None:
+    _check_crash(onnx_bisect.bisect(YOLO_FUSED, target=runtime("--abort-on", CRASH_NODE)))
+
+
+def test_in_process_backend_that_aborts_runs_in_a_child() -> None:
+    spec = f"tests.faulty:AbortingBackend?node={CRASH_NODE}"
+    result = onnx_bisect.bisect(YOLO_FUSED, target=spec, isolate_crashes=True, timeout=120)
+    _check_crash(result)
+    assert "child process" in result.target.description
+
+
+def test_a_hang_past_the_timeout_is_a_crash() -> None:
+    result = onnx_bisect.bisect(YOLO_FUSED, target=runtime("--hang-on", CRASH_NODE), timeout=6)
+    _check_crash(result)
+    assert "timed out" in result.root_cause.reason  # type: ignore[union-attr]
+
+
+def test_isolate_crashes_needs_a_spec() -> None:
+    with pytest.raises(onnx_bisect.InputError, match="spec string"):
+        onnx_bisect.bisect(YOLO_FUSED, target=FaultyBackend("x"), isolate_crashes=True)
+
+
+def test_crash_cli_exits_1_with_a_report(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from tests.models import ROOT
+
+    bisect_bin = Path(sys.executable).parent / "bisect"
+    proc = subprocess.run(
+        [str(bisect_bin), str(YOLO_FUSED), "-t", runtime("--abort-on", CRASH_NODE), "-o",
+         str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "Root cause (crash)" in proc.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["root_cause"]["kind"] == "crash"
+    assert report["first_divergence"]["status"] == "crashed"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import import_module
 from importlib.metadata import entry_points
 from types import MappingProxyType
@@ -105,7 +105,8 @@ def parse_spec(text: str) -> BackendSpec:
     return BackendSpec(
         text=raw,
         name=name,
-        device=device.lower() if device and name != "exec" else device,
+        # A dotted name is a module path whose device part is a class name: keep its case.
+        device=device.lower() if device and "." not in name else device,
         options=MappingProxyType(options),
         transforms=tuple(t.strip() for t in transforms if t.strip()),
     )
@@ -225,12 +226,16 @@ def create_backend(spec: str | BackendSpec) -> Backend:
         )
     table = adapters()
     adapter = table.get(parsed.name)
+    if adapter is None and "." in parsed.name and parsed.device:
+        # `pkg.module:Class`: a third-party adapter named by where it lives.
+        adapter = Adapter(parsed.name, f"{parsed.name}:{parsed.device}", "plugin by module path")
+        parsed = replace(parsed, device=None)
     if adapter is None:
         known = ", ".join(sorted(set(table) | set(ALIASES)))
         raise SpecError(f"unknown backend {parsed.name!r}; known: {known}")
     try:
         factory = adapter.factory()
-    except ImportError as exc:
+    except (ImportError, AttributeError) as exc:
         raise BackendUnavailableError(
             f"backend {parsed.text!r} is not available: {_one_line(exc)}"
         ) from exc

@@ -70,6 +70,8 @@ def _summary(result: BisectResult) -> list[str]:
             f"max_abs = {fmt(acc.metrics.get('max_abs'))}"
             + (f" ({acc.reason})" if acc.status.value != "diverged" else "")
         )
+    elif fd is not None:
+        out.append(f"- **First divergence:** {node_label(fd)}: {fd.verdict.value}.")
     else:
         out.append("- **First divergence:** none among the probed tensors.")
     rc = result.root_cause

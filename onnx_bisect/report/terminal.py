@@ -19,6 +19,8 @@ _VERDICT_STYLE = {
     "propagated": "yellow",
     "unsupported": "magenta",
     "failed": "magenta",
+    "crashed": "bold magenta",
+    "pattern": "bold red",
     "ok": "green",
 }
 
@@ -49,13 +51,18 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
             f"tensor {fd.tensor}: rel_l2={fmt(m.get('rel_l2'))} max_abs={fmt(m.get('max_abs'))} "
             f"cosine={fmt(m.get('cosine'))}"
         )
+    elif fd is not None:
+        console.print(
+            f"[bold]First divergence[/]: {fd.op_type} [cyan]{fd.name}[/] (#{fd.index}): "
+            f"{fd.verdict.value}"
+        )
     else:
         console.print("[bold]First divergence[/]: none among the probed tensors")
     rc = result.root_cause
     if rc is not None:
         names = ", ".join(rc.nodes) or "—"
         console.print(f"[bold]Root cause[/] ([red]{rc.kind}[/]): [cyan]{names}[/] — {rc.reason}")
-    if result.nodes:
+    if any(n.accumulated is not None for n in result.nodes):
         table = Table(title=f"Top {top} nodes by accumulated error", show_lines=False)
         key = result.criterion.key
         for col in ("#", "node", "op", "verdict", f"acc {key}", f"iso {key}", "amp"):
