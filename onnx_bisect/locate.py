@@ -17,7 +17,7 @@ import numpy.typing as npt
 from onnx_bisect.adapters.base import Backend
 from onnx_bisect.errors import BackendCrash, BackendError
 from onnx_bisect.metrics import Comparison, Criterion, compare_tensors
-from onnx_bisect.model import LoadedModel, NodeInfo, isolation_model, with_outputs
+from onnx_bisect.model import LoadedModel, NodeInfo, TensorMeta, isolation_model, with_outputs
 from onnx_bisect.result import NodeResult, RootCause, Verdict
 from onnx_bisect.run import RunStats, TensorStore, plan_chunks, run_pair, timed_run
 
@@ -26,6 +26,7 @@ __all__ = [
     "Observed",
     "first_divergence",
     "is_constant",
+    "reference_operands",
     "isolate",
     "judge",
     "root_cause",
@@ -195,15 +196,26 @@ def _run_isolated(
     batch: Sequence[NodeInfo],
     stats: RunStats,
 ) -> dict[str, npt.NDArray[Any]]:
-    constants = {t: store.get(t) for n in batch for t in n.inputs if is_constant(t, loaded, store)}
-    model, fed = isolation_model(loaded, batch, store.metas, constants)
-    iso_feeds = {k: v for k, v in feeds.items()}
-    iso_feeds.update({name: store.get(tensor) for name, tensor in fed.items()})
+    needed = [t for n in batch for t in n.inputs]
+    metas, constants = reference_operands(loaded, store, needed)
+    model, fed = isolation_model(loaded, batch, metas, constants)
+    iso_feeds = dict(feeds)
+    iso_feeds.update({name: loaded.as_fed(t, store.get(t)) for name, t in fed.items()})
     return timed_run(target, model, iso_feeds, "target", stats)
 
 
 # Integer tensors this small are shapes, axes and indices: values the graph treats as constants.
 _SMALL_INT = 64
+
+
+def reference_operands(
+    loaded: LoadedModel, store: TensorStore, needed: Sequence[str]
+) -> tuple[dict[str, TensorMeta], dict[str, npt.NDArray[Any]]]:
+    """Types for the fed reference tensors, and the values to embed as constants, both in the
+    model's own dtypes (a float64 reference must still feed a float32 kernel)."""
+    metas = {t: loaded.fed_meta(t, m) for t, m in store.metas.items()}
+    constants = {t: loaded.as_fed(t, store.get(t)) for t in needed if is_constant(t, loaded, store)}
+    return metas, constants
 
 
 def is_constant(tensor: str, loaded: LoadedModel, store: TensorStore) -> bool:

@@ -12,6 +12,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,28 @@ class LoadedModel:
     @property
     def producer(self) -> dict[str, NodeInfo]:
         return {o: n for n in self.nodes for o in n.outputs}
+
+    @cached_property
+    def dtypes(self) -> dict[str, np.dtype[np.generic]]:
+        """Element type of every tensor shape inference typed: what a runtime expects to be
+        fed, whatever precision the reference computed it in."""
+        g = self.model.graph
+        out: dict[str, np.dtype[np.generic]] = {
+            t.name: np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)) for t in g.initializer
+        }
+        for v in (*g.input, *g.output, *g.value_info):
+            elem = v.type.tensor_type.elem_type
+            if elem:
+                out[v.name] = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
+        return out
+
+    def as_fed(self, tensor: str, value: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """``value`` in the model's own dtype for ``tensor`` (a float64 reference feeds fp32)."""
+        want = self.dtypes.get(tensor)
+        return value if want is None or value.dtype == want else value.astype(want)
+
+    def fed_meta(self, tensor: str, meta: TensorMeta) -> TensorMeta:
+        return TensorMeta(self.dtypes.get(tensor, meta.dtype), meta.shape)
 
     def node(self, name: str) -> NodeInfo:
         for n in self.nodes:

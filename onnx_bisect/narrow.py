@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from onnx_bisect.adapters.base import Backend
 from onnx_bisect.errors import BackendError
-from onnx_bisect.locate import is_constant
+from onnx_bisect.locate import is_constant, reference_operands
 from onnx_bisect.metrics import Comparison, Criterion, compare_tensors
 from onnx_bisect.model import (
     METADATA_OPS,
@@ -132,11 +132,10 @@ def _run_window(
     stats: RunStats,
     nodes: Sequence[NodeInfo],
 ) -> dict[str, Comparison] | None:
-    needed = {t for n in nodes for t in n.inputs}
-    constants = {t: store.get(t) for t in needed if is_constant(t, loaded, store)}
-    model, fed, exits = window_model(loaded, nodes, store.metas, constants)
+    metas, constants = reference_operands(loaded, store, [t for n in nodes for t in n.inputs])
+    model, fed, exits = window_model(loaded, nodes, metas, constants)
     window_feeds = dict(feeds)
-    window_feeds.update({name: store.get(tensor) for name, tensor in fed.items()})
+    window_feeds.update({name: loaded.as_fed(t, store.get(t)) for name, t in fed.items()})
     try:
         out = timed_run(target, model, window_feeds, "target", stats)
     except BackendError as exc:

@@ -185,3 +185,11 @@ def test_always_scan_gives_per_node_errors_on_a_match() -> None:
     assert hidden.first_divergence is not None and hidden.first_divergence.name == FAULT_NODE
     assert hidden.root_cause is not None and hidden.root_cause.nodes == (FAULT_NODE,)
     assert any("do not reach" in n or "does not reach" in n for n in hidden.notes)
+
+
+def test_float64_reference_feeds_the_target_in_its_own_dtype() -> None:
+    result = onnx_bisect.bisect(YOLO, ref="ref?dtype=float64", target=FaultyBackend(FAULT_NODE))
+    _check_planted(result, FAULT_NODE)
+    assert not [n for n in result.nodes if n.verdict in (Verdict.FAILED, Verdict.UNSUPPORTED)]
+    clean = onnx_bisect.bisect(TRANSFORMER, ref="ref?dtype=float64", target="cpu", always_scan=True)
+    assert clean.verdict == "match" and clean.first_divergence is None
