@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -41,6 +43,7 @@ from onnx_bisect.model import (
     tensor_nbytes,
 )
 from onnx_bisect.narrow import CutResult, cut_search, find_pattern
+from onnx_bisect.noise import NoiseFloor, measure_float64
 from onnx_bisect.result import (
     BackendInfo,
     BisectResult,
@@ -81,7 +84,7 @@ def bisect(
     shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
     metric: str = "rel_l2",
-    threshold: float = 1e-3,
+    threshold: float | str = 1e-3,
     atol: float | None = None,
     rtol: float | None = None,
     max_memory: int = DEFAULT_MAX_MEMORY,
@@ -102,6 +105,8 @@ def bisect(
     ``strategy``: ``scan`` marks every tensor and isolates every node; ``bisect`` searches
     over cuts, marking only the tensors live across each (keeps the target's fusions); ``auto``
     scans and switches to bisect when marking outputs changes the target's result.
+    ``threshold="auto"`` measures each tensor's fp32 noise against a float64 reference and
+    flags errors above ``NOISE_K`` × noise + ``NOISE_EPS`` (see ``noise``).
     ``isolate_crashes`` runs every target step in a child process (always so for ``exec:``
     targets, which are child processes already), so a segfault or abort is caught and bisected
     to the node that causes it; ``timeout`` (seconds per target run) turns a hang into a crash.
@@ -109,8 +114,12 @@ def bisect(
     """
     if strategy not in STRATEGIES:
         raise InputError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    auto = threshold == "auto"
     try:
-        crit = Criterion(metric=metric, threshold=threshold, atol=atol, rtol=rtol)
+        fixed = 1e-3 if auto else float(threshold)
+        crit = Criterion(metric=metric, threshold=fixed, atol=atol, rtol=rtol)
+        if auto and (metric != "rel_l2" or crit.allclose):
+            raise ValueError("--threshold auto needs --metric rel_l2 (and no --atol/--rtol)")
     except ValueError as exc:
         raise InputError(str(exc)) from None
     t0 = time.perf_counter()
@@ -127,6 +136,16 @@ def bisect(
     stats = RunStats()
     notes = list(loaded.notes)
 
+    sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))
+    float64_dir = tempfile.TemporaryDirectory(prefix="onnx-bisect-f64-")
+    if auto:
+        t = time.perf_counter()
+        float64 = TensorStore(
+            None if 2 * _total(loaded, sizes) <= max_memory else Path(float64_dir.name)
+        )
+        measure_float64(loaded, feeds, sizes, max_memory, float64, stats)
+        crit = replace(crit, noise=NoiseFloor(float64))
+        timings["float64"] = time.perf_counter() - t
     common: dict[str, Any] = {
         "model": str(loaded.path) if loaded.path else "<in-memory ModelProto>",
         "ref": _info(ref_b),
@@ -164,9 +183,7 @@ def bisect(
             **common,
         )
 
-    sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))
-    known = [s for s in sizes.values() if s is not None]
-    total = sum(sizes.get(p) or max(known, default=0) for p in loaded.probes)
+    total = _total(loaded, sizes)
     ctx = _Context(loaded, feeds, crit, stats, timings, notes)
     with tempfile.TemporaryDirectory(prefix="onnx-bisect-cache-") as cache:
         # Within budget the reference's tensors stay in memory; beyond it they go to disk.
@@ -366,6 +383,18 @@ def _observer_problem(
             "with every tensor marked as an output does not (likely a fusion the markers break)"
         )
     return ""
+
+
+def _scratch(prefix: str) -> str:
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def _total(loaded: LoadedModel, sizes: Mapping[str, int | None]) -> int:
+    """Bytes of every probe; an unknown size counts as the largest known."""
+    known = [s for s in sizes.values() if s is not None]
+    return sum(sizes.get(p) or max(known, default=0) for p in loaded.probes)
 
 
 def _backend(b: BackendLike, isolate: bool | None, timeout: float | None) -> Backend:

@@ -69,7 +69,13 @@ def run_command(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed for generated inputs.")] = 0,
     metric: Annotated[MetricName, typer.Option(help="Metric that decides divergence.")] = "rel_l2",  # type: ignore[assignment]
-    threshold: Annotated[float, typer.Option(help="Divergence threshold for --metric.")] = 1e-3,
+    threshold: Annotated[
+        str,
+        typer.Option(
+            help="Divergence threshold for --metric, or 'auto': k × each tensor's fp32 noise "
+            "(measured against a float64 reference) + eps."
+        ),
+    ] = "1e-3",
     atol: Annotated[
         float | None, typer.Option(help="Use allclose semantics with this atol.")
     ] = None,
@@ -128,7 +134,7 @@ def run_command(
             shapes=shapes,
             seed=seed,
             metric=str(metric.value if isinstance(metric, Enum) else metric),
-            threshold=threshold,
+            threshold=_threshold(threshold),
             atol=atol,
             rtol=rtol,
             max_memory=parse_bytes(max_memory),
@@ -155,6 +161,15 @@ def run_command(
         if written:
             console.print(f"[dim]reports in {out}/[/]")
     raise typer.Exit(EXIT_DIVERGED if result.diverged else EXIT_MATCH)
+
+
+def _threshold(text: str) -> float | str:
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return float(text)
+    except ValueError:
+        raise typer.BadParameter(f"--threshold {text!r}: a number, or 'auto'") from None
 
 
 def _argv_of(

@@ -18,6 +18,8 @@ import numpy.typing as npt
 
 __all__ = [
     "METRICS",
+    "NOISE_EPS",
+    "NOISE_K",
     "Comparison",
     "Criterion",
     "Metric",
@@ -129,6 +131,14 @@ def all_metrics(ref: _F64, target: _F64, atol: float, rtol: float) -> dict[str, 
     }
 
 
+# Noise-floor thresholds: diverged when error > K × (fp32 reference vs float64) + EPS. torch's
+# `same()` uses a multiplier of 2-3 for fp64-anchored checks; two fp32 runtimes that sum in
+# different orders can each sit on either side of the exact value, hence 4. EPS keeps tensors
+# that fp32 computes exactly (copies, integer-valued math) from flagging last-bit noise.
+NOISE_K = 4.0
+NOISE_EPS = 1e-5
+
+
 @dataclass(frozen=True)
 class Metric:
     name: str
@@ -151,16 +161,39 @@ METRICS: Mapping[str, Metric] = {
 
 @dataclass(frozen=True)
 class Criterion:
-    """What "diverged" means: one metric against a threshold, or allclose(atol, rtol)."""
+    """What "diverged" means: one metric against a threshold, or allclose(atol, rtol), or
+    (``noise`` set) rel_l2 against ``k`` times the tensor's own fp32 noise floor plus ``eps``.
+
+    ``noise(tensor, reference_value)`` returns how far the fp32 reference itself is from a
+    float64 computation of that tensor (rel_l2), or None where it is not known.
+    """
 
     metric: str = "rel_l2"
     threshold: float = 1e-3
     atol: float | None = None
     rtol: float | None = None
+    noise: Callable[[str, Array], float | None] | None = field(default=None, compare=False)
+    k: float = NOISE_K
+    eps: float = NOISE_EPS
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
             raise ValueError(f"unknown metric {self.metric!r}; choose from {', '.join(METRICS)}")
+        if self.noise is not None and (self.metric != "rel_l2" or self.allclose):
+            raise ValueError("a noise-floor threshold (--threshold auto) needs --metric rel_l2")
+
+    @property
+    def auto(self) -> bool:
+        return self.noise is not None
+
+    def threshold_for(self, tensor: str, ref: Array) -> tuple[float, float | None]:
+        """The threshold that applies to ``tensor``, and the noise floor it came from."""
+        if self.noise is None:
+            return self.threshold, None
+        floor = self.noise(tensor, ref)
+        if floor is None:
+            return self.threshold, None
+        return self.k * floor + self.eps, floor
 
     @property
     def allclose(self) -> bool:
@@ -174,6 +207,8 @@ class Criterion:
     def describe(self) -> str:
         if self.allclose:
             return f"allclose(atol={self.atol_value:g}, rtol={self.rtol_value:g})"
+        if self.auto:
+            return f"{self.metric} > {self.k:g} × fp32 noise + {self.eps:g}"
         op = ">" if METRICS[self.metric].higher_is_worse else "<"
         return f"{self.metric} {op} {self.threshold:g}"
 
@@ -195,14 +230,15 @@ class Criterion:
             return c.score
         return -c.score
 
-    def exceeds(self, value: float) -> bool:
+    def exceeds(self, value: float, threshold: float | None = None) -> bool:
+        limit = self.threshold if threshold is None else threshold
         if math.isnan(value):
             return True
         if self.allclose:
             return value > 0.0
         if METRICS[self.metric].higher_is_worse:
-            return value > self.threshold
-        return value < self.threshold
+            return value > limit
+        return value < limit
 
 
 class Status(StrEnum):
@@ -227,6 +263,8 @@ class Comparison:
     shape: tuple[int, ...] = ()
     nonfinite_mismatch: int = 0
     reason: str = ""
+    threshold: float | None = None  # what the deciding number was held against
+    noise: float | None = None  # the fp32 noise floor behind an automatic threshold
 
     @property
     def diverged(self) -> bool:
@@ -273,8 +311,9 @@ def compare_tensors(
             target_dtype=td,
             reason=f"dtype {target.dtype} != reference {ref.dtype}",
         )
+    limit, noise = crit.threshold_for(name, ref)
     judge = _judge_exact if kr != "float" else _judge_float
-    status, metrics, nonfinite, reason = judge(ref.ravel(), target.ravel(), crit)
+    status, metrics, nonfinite, reason = judge(ref.ravel(), target.ravel(), crit, limit)
     return Comparison(
         name,
         status,
@@ -285,13 +324,15 @@ def compare_tensors(
         reason=reason,
         ref_dtype=rd,
         target_dtype=td,
+        threshold=None if crit.allclose else limit,
+        noise=noise,
     )
 
 
 _Judged = tuple[Status, dict[str, float], int, str]
 
 
-def _judge_exact(ref: Array, target: Array, crit: Criterion) -> _Judged:
+def _judge_exact(ref: Array, target: Array, crit: Criterion, limit: float) -> _Judged:
     """Integers and booleans: any differing element is a divergence, whatever the metric.
     Counted on the original values: float64 cannot tell int64s above 2**53 apart."""
     metrics = all_metrics(_f64(ref), _f64(target), crit.atol_value, crit.rtol_value)
@@ -303,7 +344,7 @@ def _judge_exact(ref: Array, target: Array, crit: Criterion) -> _Judged:
     return Status.OK, metrics, 0, ""
 
 
-def _judge_float(ref: Array, target: Array, crit: Criterion) -> _Judged:
+def _judge_float(ref: Array, target: Array, crit: Criterion, limit: float) -> _Judged:
     r, t = _f64(ref), _f64(target)
     fin_r, fin_t = np.isfinite(r), np.isfinite(t)
     nonfinite = 0
@@ -320,6 +361,8 @@ def _judge_float(ref: Array, target: Array, crit: Criterion) -> _Judged:
     if nonfinite:
         reason = f"{nonfinite} NaN/Inf values differ from the reference"
         return Status.NONFINITE, metrics, nonfinite, reason
-    if crit.exceeds(score):
+    if crit.exceeds(score, limit):
+        if crit.auto:
+            return Status.DIVERGED, metrics, 0, f"{crit.key}={score:.3g} > threshold {limit:.3g}"
         return Status.DIVERGED, metrics, 0, f"{crit.key}={score:.3g} fails {crit.describe()}"
     return Status.OK, metrics, 0, ""

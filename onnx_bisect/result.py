@@ -23,7 +23,8 @@ __all__ = ["BackendInfo", "BisectResult", "NodeResult", "RootCause", "SearchInfo
 SCHEMA = "onnx-bisect/report/v1"
 NODE_COLUMNS = (
     "index", "node", "op_type", "tensor", "verdict", "accumulated", "isolated", "amplification",
-    "acc_max_abs", "acc_rel_l2", "acc_cosine", "iso_max_abs", "iso_rel_l2", "status", "note",
+    "acc_max_abs", "acc_rel_l2", "acc_cosine", "iso_max_abs", "iso_rel_l2", "threshold",
+    "noise", "status", "note",
 )  # fmt: skip
 
 
@@ -189,6 +190,8 @@ class BisectResult:
                     "acc_cosine": acc.metrics.get("cosine", math.nan) if acc else math.nan,
                     "iso_max_abs": iso.metrics.get("max_abs", math.nan) if iso else math.nan,
                     "iso_rel_l2": iso.metrics.get("rel_l2", math.nan) if iso else math.nan,
+                    "threshold": _opt(acc.threshold) if acc else math.nan,
+                    "noise": _opt(acc.noise) if acc else math.nan,
                     "status": acc.status.value if acc else "",
                     "note": n.note or (acc.reason if acc else ""),
                 }
@@ -243,6 +246,10 @@ class BisectResult:
         return write_reports(self, Path(out_dir), formats)
 
 
+def _opt(x: float | None) -> float:
+    return math.nan if x is None else x
+
+
 def _num(x: float | None) -> float | str | None:
     """JSON has no NaN or Infinity; spell them out rather than emit invalid JSON."""
     if x is None:
@@ -264,5 +271,7 @@ def _comparison_dict(c: Comparison | None) -> dict[str, Any] | None:
         "ref_dtype": c.ref_dtype,
         "target_dtype": c.target_dtype,
         "nonfinite_mismatch": c.nonfinite_mismatch,
+        "threshold": _num(c.threshold),
+        "noise": _num(c.noise),
         "reason": c.reason,
     }

@@ -157,6 +157,7 @@ def test_compare_identical_floats_ok() -> None:
         ref_dtype="float32",
         target_dtype="float32",
         shape=(4,),
+        threshold=1e-3,
     )
     assert c.metrics["rel_l2"] == 0.0
     assert c.metrics["sqnr_db"] == math.inf
