@@ -22,6 +22,7 @@ import onnx
 
 from onnx_bisect.adapters.base import Backend, BackendSpec, create_backend, parse_spec
 from onnx_bisect.adapters.exec import ExecBackend
+from onnx_bisect.chain import ChainLink, amplification_chain
 from onnx_bisect.errors import BackendCrash, BackendError, InputError
 from onnx_bisect.feeds import make_feeds
 from onnx_bisect.locate import (
@@ -36,6 +37,7 @@ from onnx_bisect.locate import (
 )
 from onnx_bisect.metrics import Comparison, Criterion, compare_tensors
 from onnx_bisect.model import (
+    METADATA_OPS,
     LoadedModel,
     fix_input_shapes,
     load_model,
@@ -232,8 +234,32 @@ def bisect(
         runs=dict(stats.runs),
         notes=tuple(notes),
         search=search,
+        # Only a scan's accumulated errors are the target's own result all along the graph.
+        chain=_chain(loaded, nodes, cause, first) if used == "scan" else (),
         **common,
     )
+
+
+def _chain(
+    loaded: LoadedModel,
+    nodes: Sequence[NodeResult],
+    cause: RootCause | None,
+    first: NodeResult | None,
+) -> tuple[ChainLink, ...]:
+    names = {n.name: n.index for n in nodes}
+    starts = [names[n] for n in cause.nodes if n in names] if cause else []
+    start = max(starts) if starts else (first.index if first else None)
+    if start is None:
+        return ()
+    consumers: dict[int, list[int]] = {}
+    producer = loaded.producer
+    for n in loaded.nodes:
+        if n.op_type in METADATA_OPS:
+            continue
+        for t in n.inputs:
+            if t in producer:
+                consumers.setdefault(producer[t].index, []).append(n.index)
+    return amplification_chain(nodes, consumers, start)
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,7 @@ class BisectResult:
     versions: Mapping[str, str] = field(default_factory=dict)
     command: str = ""
     search: SearchInfo | None = None
+    chain: tuple[Any, ...] = ()  # ChainLink from the root cause towards the outputs
 
     @property
     def diverged(self) -> bool:
@@ -230,6 +231,16 @@ class BisectResult:
             "command": self.command,
             "runs": dict(self.runs),
             "search": self.search.to_dict() if self.search else None,
+            "chain": [
+                {
+                    "node": c.node,
+                    "op_type": c.op_type,
+                    "index": c.index,
+                    "rel_l2": _num(c.rel_l2),
+                    "gain": _num(c.gain),
+                }
+                for c in self.chain
+            ],
             "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
             "inputs": {
                 k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in self.inputs.items()

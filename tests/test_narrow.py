@@ -212,3 +212,17 @@ def test_crash_cli_exits_1_with_a_report(tmp_path) -> None:  # type: ignore[no-u
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["root_cause"]["kind"] == "crash"
     assert report["first_divergence"]["status"] == "crashed"
+
+
+def test_amplification_chain_runs_from_the_root_cause_to_an_output() -> None:
+    from tests.models import residual
+
+    result = onnx_bisect.bisect(residual(12), target=FaultyBackend("mm2", 1e-3), threshold=1e-5)
+    chain = result.chain
+    assert chain[0].node == "mm2" and chain[-1].node == "out"
+    assert [c.index for c in chain] == sorted(c.index for c in chain)
+    by_name = {n.name: n for n in result.nodes}
+    for link in chain[1:]:
+        assert link.gain is None or link.gain == pytest.approx(by_name[link.node].amplification)
+    report = result.to_dict()
+    assert [c["node"] for c in report["chain"]] == [c.node for c in chain]

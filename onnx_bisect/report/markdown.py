@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from onnx_bisect.report.format import fmt, fmt_amp, node_label, search_line
+from onnx_bisect.report.format import chain_line, fmt, fmt_amp, node_label, search_line
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
@@ -78,6 +78,8 @@ def _summary(result: BisectResult) -> list[str]:
     if rc is not None:
         names = ", ".join(f"`{n}`" for n in rc.nodes) or "—"
         out.append(f"- **Root cause ({rc.kind}):** {names}. {rc.reason}")
+    if chain_line(result):
+        out.append(f"- **Amplification chain** (rel_l2): {chain_line(result)}")
     out.append(f"- **Strategy:** {result.strategy}")
     if result.search is not None:
         out.append(f"- **Search:** {search_line(result)}. {result.search.reason}")

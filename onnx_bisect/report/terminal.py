@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from onnx_bisect.report.format import fmt, fmt_amp, search_line
+from onnx_bisect.report.format import chain_line, fmt, fmt_amp, search_line
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult
@@ -83,6 +83,8 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
         console.print(f"[dim]note:[/] {note}")
     if result.search is not None:
         console.print(f"[dim]{search_line(result)}[/]")
+    if chain_line(result):
+        console.print(f"[bold]Amplification chain[/]: {chain_line(result)}")
     runs = ", ".join(f"{k} {v}" for k, v in result.runs.items())
     steps = ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items())
     console.print(f"[dim]strategy {result.strategy}; runs: {runs}; {steps}[/]")
