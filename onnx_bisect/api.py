@@ -35,7 +35,7 @@ from onnx_bisect.locate import (
     scan,
     screen,
 )
-from onnx_bisect.metrics import Comparison, Criterion, compare_tensors
+from onnx_bisect.metrics import NOISE_EPS, NOISE_K, Comparison, Criterion, compare_tensors
 from onnx_bisect.model import (
     METADATA_OPS,
     LoadedModel,
@@ -87,6 +87,8 @@ def bisect(
     seed: int = 0,
     metric: str = "rel_l2",
     threshold: float | str = 1e-3,
+    noise_k: float = NOISE_K,
+    noise_eps: float = NOISE_EPS,
     atol: float | None = None,
     rtol: float | None = None,
     max_memory: int = DEFAULT_MAX_MEMORY,
@@ -108,7 +110,7 @@ def bisect(
     over cuts, marking only the tensors live across each (keeps the target's fusions); ``auto``
     scans and switches to bisect when marking outputs changes the target's result.
     ``threshold="auto"`` measures each tensor's fp32 noise against a float64 reference and
-    flags errors above ``NOISE_K`` × noise + ``NOISE_EPS`` (see ``noise``).
+    flags errors above ``noise_k`` × noise + ``noise_eps`` (see ``noise``).
     ``isolate_crashes`` runs every target step in a child process (always so for ``exec:``
     targets, which are child processes already), so a segfault or abort is caught and bisected
     to the node that causes it; ``timeout`` (seconds per target run) turns a hang into a crash.
@@ -146,7 +148,7 @@ def bisect(
             None if 2 * _total(loaded, sizes) <= max_memory else Path(float64_dir.name)
         )
         measure_float64(loaded, feeds, sizes, max_memory, float64, stats)
-        crit = replace(crit, noise=NoiseFloor(float64))
+        crit = replace(crit, noise=NoiseFloor(float64), k=noise_k, eps=noise_eps)
         timings["float64"] = time.perf_counter() - t
     common: dict[str, Any] = {
         "model": str(loaded.path) if loaded.path else "<in-memory ModelProto>",

@@ -22,7 +22,7 @@ from onnx_bisect.api import DEFAULT_MAX_MEMORY, STRATEGIES
 from onnx_bisect.api import bisect as run_bisect
 from onnx_bisect.errors import OnnxBisectError
 from onnx_bisect.feeds import parse_shape
-from onnx_bisect.metrics import METRICS
+from onnx_bisect.metrics import METRICS, NOISE_EPS, NOISE_K
 from onnx_bisect.report.files import check_formats
 
 __all__ = ["EXIT_DIVERGED", "EXIT_INTERNAL", "EXIT_MATCH", "EXIT_USAGE", "app", "bisect_app"]
@@ -76,6 +76,12 @@ def run_command(
             "(measured against a float64 reference) + eps."
         ),
     ] = "1e-3",
+    noise_k: Annotated[
+        float, typer.Option(help="With --threshold auto: multiplier on each tensor's fp32 noise.")
+    ] = NOISE_K,
+    noise_eps: Annotated[
+        float, typer.Option(help="With --threshold auto: added to every threshold (rel_l2).")
+    ] = NOISE_EPS,
     atol: Annotated[
         float | None, typer.Option(help="Use allclose semantics with this atol.")
     ] = None,
@@ -135,6 +141,8 @@ def run_command(
             seed=seed,
             metric=str(metric.value if isinstance(metric, Enum) else metric),
             threshold=_threshold(threshold),
+            noise_k=noise_k,
+            noise_eps=noise_eps,
             atol=atol,
             rtol=rtol,
             max_memory=parse_bytes(max_memory),

@@ -68,3 +68,14 @@ def test_cli_threshold_auto_writes_both_numbers(tmp_path: Path) -> None:
     assert "threshold" in header and "noise" in header
     bad = CliRunner().invoke(bisect_app, [str(YOLO), "-t", "ref", "--threshold", "soon"])
     assert bad.exit_code == 2 and "a number, or 'auto'" in bad.stderr
+
+
+def test_noise_k_and_eps_are_configurable() -> None:
+    result = onnx_bisect.bisect(
+        YOLO, target="cpu?opt=disable", threshold="auto", noise_k=2.0, noise_eps=1e-4,
+        always_scan=True,
+    )  # fmt: skip
+    acc = result.nodes[0].accumulated
+    assert acc is not None and acc.noise is not None
+    assert acc.threshold == pytest.approx(2.0 * acc.noise + 1e-4)
+    assert result.criterion.describe() == "rel_l2 > 2 × fp32 noise + 0.0001"
