@@ -17,6 +17,8 @@ check are simulated too:
   bug that disappears when the tensor is observed.
 - ``--abort-on NODE``: the process aborts (SIGABRT) whenever NODE is in the model.
 - ``--hang-on NODE``: the process hangs whenever NODE is in the model.
+- ``--context-fault NODE=F:N``: NODE is wrong only in models of at least N nodes: a bug that
+  needs the whole graph around it (a memory planner, say), so no small subgraph shows it.
 
 It needs only onnx, numpy and onnxruntime, so it doubles as a template for wrapping your own
 runtime.
@@ -87,6 +89,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--hidden-fault", action="append", default=[], help="NODE=F when unobserved")
     p.add_argument("--abort-on", action="append", default=[], help="abort if NODE is present")
     p.add_argument("--hang-on", action="append", default=[], help="hang if NODE is present")
+    p.add_argument(
+        "--context-fault", action="append", default=[], help="NODE=F:MIN_NODES, big graphs only"
+    )
     args = p.parse_args(argv)
     model = onnx.load(args.model)
     present = {n.name for n in model.graph.node}
@@ -106,6 +111,11 @@ def main(argv: list[str]) -> int:
     for fault in args.pattern_fault:
         name, _, frac = fault.rpartition("=")
         if silu_pattern_present(model, name):
+            model = plant_fault(model, name, float(frac))
+    for fault in args.context_fault:
+        name, _, spec = fault.rpartition("=")
+        frac, _, min_nodes = spec.partition(":")
+        if name in present and len(model.graph.node) >= int(min_nodes):
             model = plant_fault(model, name, float(frac))
     for fault in args.hidden_fault:
         name, _, frac = fault.rpartition("=")

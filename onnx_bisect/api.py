@@ -46,6 +46,8 @@ from onnx_bisect.model import (
 )
 from onnx_bisect.narrow import CutResult, cut_search, find_pattern
 from onnx_bisect.noise import NoiseFloor, measure_float64
+from onnx_bisect.reduce import ReproInfo, build_bundle
+from onnx_bisect.repro_script import render_repro_script
 from onnx_bisect.result import (
     BackendInfo,
     BisectResult,
@@ -97,6 +99,7 @@ def bisect(
     strategy: str = "auto",
     isolate_crashes: bool | None = None,
     timeout: float | None = None,
+    repro: str | os.PathLike[str] | None = None,
     command: str = "",
 ) -> BisectResult:
     """Find the first node where ``target`` departs from ``ref`` and the node that causes it.
@@ -114,6 +117,8 @@ def bisect(
     ``isolate_crashes`` runs every target step in a child process (always so for ``exec:``
     targets, which are child processes already), so a segfault or abort is caught and bisected
     to the node that causes it; ``timeout`` (seconds per target run) turns a hang into a crash.
+    ``repro`` names a directory for a minimal repro bundle (ONNX test case + ``repro.py``),
+    written and verified when the outputs diverge.
     Raises ``OnnxBisectError`` subclasses for bad input and unusable backends.
     """
     if strategy not in STRATEGIES:
@@ -168,7 +173,17 @@ def bisect(
         if exc.role != "target":
             raise
         timings["screen"] = time.perf_counter() - t
-        return _crash_result(loaded, tgt_b, feeds, stats, timings, notes, t0, exc, common)
+        ctx = _Context(loaded, feeds, crit, stats, timings, notes)
+        result = _crash_result(loaded, tgt_b, feeds, stats, timings, notes, t0, exc, common)
+        if repro is None or result.root_cause is None:
+            return result
+        # The crash node's inputs, as the reference computes them, feed the bundle.
+        store = TensorStore(None if _total(loaded, sizes) <= max_memory else Path(_scratch("b")))
+        scan(ref_b, None, loaded, feeds, crit, sizes, max_memory, store, stats, parallel)
+        spec_given = isinstance(target, str | BackendSpec)
+        crash_nodes = result.root_cause.nodes
+        crash_bundle = _bundle(ctx, ref_b, tgt_b, store, crash_nodes, True, Path(repro), spec_given)
+        return _with_bundle_docs(replace(result, repro=crash_bundle, runs=dict(stats.runs)))
     outputs = tuple(screened.comparisons.values())
     common["outputs"] = outputs
     timings["screen"] = time.perf_counter() - t
@@ -219,6 +234,13 @@ def bisect(
                 notes.append("switched to the bisect strategy, which marks only cut tensors")
                 found = _by_cut_search(ctx, tgt_b, store, reason, scan_nodes=found.nodes)
                 used = "scan+bisect"
+        bundle: ReproInfo | None = None
+        if repro is not None and diverged:
+            t = time.perf_counter()
+            start = _bundle_start(found.cause, found.first)
+            spec_given = isinstance(target, str | BackendSpec)
+            bundle = _bundle(ctx, ref_b, tgt_b, store, start, False, Path(repro), spec_given)
+            timings["repro"] = time.perf_counter() - t
     nodes, first, cause, search = found.nodes, found.first, found.cause, found.search
     if not diverged and first is not None:
         notes.append(
@@ -226,20 +248,70 @@ def bisect(
             "graph: the error does not reach the outputs beyond the threshold"
         )
     timings["total"] = time.perf_counter() - t0
-    return BisectResult(
-        verdict="diverged" if diverged else "match",
-        strategy=used,
-        first_divergence=first,
-        root_cause=cause if diverged or first is not None else None,
-        nodes=tuple(nodes),
-        timings=timings,
-        runs=dict(stats.runs),
-        notes=tuple(notes),
-        search=search,
-        # Only a scan's accumulated errors are the target's own result all along the graph.
-        chain=_chain(loaded, nodes, cause, first) if used == "scan" else (),
-        **common,
+    return _with_bundle_docs(
+        BisectResult(
+            verdict="diverged" if diverged else "match",
+            strategy=used,
+            first_divergence=first,
+            root_cause=cause if diverged or first is not None else None,
+            nodes=tuple(nodes),
+            timings=timings,
+            runs=dict(stats.runs),
+            notes=tuple(notes),
+            search=search,
+            # Only a scan's accumulated errors are the target's own result all along the graph.
+            chain=_chain(loaded, nodes, cause, first) if used == "scan" else (),
+            repro=bundle,
+            **common,
+        )
     )
+
+
+def _with_bundle_docs(result: BisectResult) -> BisectResult:
+    from onnx_bisect.report.files import write_bundle_docs
+
+    write_bundle_docs(result)
+    return result
+
+
+def _bundle_start(cause: RootCause | None, first: NodeResult | None) -> tuple[str, ...]:
+    if cause is not None and cause.nodes:
+        return cause.nodes
+    return (first.name,) if first is not None else ()
+
+
+def _bundle(
+    ctx: _Context,
+    ref: Backend,
+    target: Backend,
+    store: TensorStore,
+    start: Sequence[str],
+    crash: bool,
+    out_dir: Path,
+    spec_given: bool,
+) -> ReproInfo:
+    """Write and verify the repro bundle; a target object (no spec) is verified in-process."""
+    crit = ctx.crit
+    threshold = crit.threshold
+    if crit.auto:
+        # repro.py has no float64 reference: freeze the noise-floor threshold of the root node.
+        node = next((n for n in ctx.loaded.nodes if n.name in start), None)
+        floors = [crit.threshold_for(t, store.get(t))[0] for t in (node.outputs if node else ())]
+        threshold = min(floors, default=crit.eps)
+    script = render_repro_script(
+        ref=ref.spec.text,
+        target=target.spec.text,
+        metric=crit.metric,
+        threshold=threshold,
+        atol=crit.atol,
+        rtol=crit.rtol,
+        title=f"{target.spec.text} vs {ref.spec.text}",
+        workdir=os.getcwd(),
+    )
+    return build_bundle(
+        ctx.loaded, ctx.feeds, store, target, crit, ctx.stats, start, crash, out_dir, script,
+        verify_in_process=not spec_given,
+    )  # fmt: skip
 
 
 def _chain(

@@ -114,6 +114,12 @@ def run_command(
         bool, typer.Option(help="Scan and isolate even when the final outputs agree.")
     ] = False,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write reports here.")] = None,
+    repro: Annotated[
+        bool,
+        typer.Option(
+            help="With --out and a divergence: write a verified repro bundle to OUT/repro."
+        ),
+    ] = True,
     format: Annotated[
         str, typer.Option("--format", "-f", help="Report formats: md,json,csv.")
     ] = "md,json,csv",
@@ -147,6 +153,7 @@ def run_command(
             rtol=rtol,
             max_memory=parse_bytes(max_memory),
             always_scan=always_scan,
+            repro=out / "repro" if repro and out is not None else None,
             isolate_crashes=isolate_crashes,
             timeout=timeout,
             strategy=str(strategy.value if isinstance(strategy, Enum) else strategy),
@@ -211,6 +218,62 @@ def _fail(message: str, code: int = EXIT_USAGE) -> None:
 
 bisect_app.command(name="bisect")(run_command)
 app.command("run", help="Same as the `bisect` command.")(run_command)
+
+
+@app.command("reduce")
+def reduce_command(
+    model: Annotated[Path, typer.Argument(metavar="MODEL", show_default=False)],
+    target: Annotated[str, typer.Option("--target", "-t", help="Backend under test (spec).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Bundle directory.")],
+    ref: Annotated[str, typer.Option("--ref", "-r", help="Trusted backend (spec).")] = "cpu",
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="Inputs file.")] = None,
+    shape: Annotated[list[str] | None, typer.Option("--shape", "-s", help="NAME=DIMS.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for generated inputs.")] = 0,
+    threshold: Annotated[str, typer.Option(help="A number, or 'auto'.")] = "1e-3",
+    debug: Annotated[bool, typer.Option(help="Show tracebacks for internal errors.")] = False,
+) -> None:
+    """Write a minimal, verified repro bundle for MODEL to OUT (no reports)."""
+    try:
+        shapes = dict(parse_shape(s) for s in shape or [])
+        result = run_bisect(
+            model, ref=ref, target=target, inputs=input, shapes=shapes, seed=seed,
+            threshold=_threshold(threshold), repro=out,
+        )  # fmt: skip
+    except OnnxBisectError as exc:
+        _fail(str(exc))
+    except typer.BadParameter as exc:
+        _fail(exc.message)
+    except Exception as exc:
+        if debug:
+            raise
+        _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)", EXIT_INTERNAL)
+    console = _stdout()
+    if result.repro is None:
+        console.print("No divergence: nothing to reduce.")
+        raise typer.Exit(EXIT_MATCH)
+    r = result.repro
+    console.print(f"{r.path}: {len(r.nodes)} of {r.nodes_before} nodes, {r.runs} target runs")
+    console.print(("reproduces: " if r.reproduces else "NOT verified: ") + r.message)
+    raise typer.Exit(EXIT_DIVERGED)
+
+
+@app.command("repro")
+def repro_command(
+    bundle: Annotated[Path, typer.Argument(metavar="DIR", show_default=False)],
+    target: Annotated[
+        str | None, typer.Option("--target", "-t", help="Try another backend.")
+    ] = None,
+) -> None:
+    """Re-run a repro bundle: exit 1 if it reproduces, 0 if not, 2 if DIR is not a bundle."""
+    from onnx_bisect.reduce import run_bundle
+
+    if not (bundle / "repro.py").is_file() or not (bundle / "model.onnx").is_file():
+        _fail(f"{bundle}: not a repro bundle (no repro.py and model.onnx)")
+    code, output = run_bundle(bundle, target)
+    if code not in (EXIT_MATCH, EXIT_DIVERGED):
+        _fail(f"{bundle}: repro.py could not run: {output.splitlines()[-1] if output else code}")
+    _stdout().print(output, markup=False)
+    raise typer.Exit(code)
 
 
 @app.command("backends")

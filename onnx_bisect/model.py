@@ -334,15 +334,20 @@ def window_model(
     nodes: Sequence[NodeInfo],
     meta: Mapping[str, TensorMeta],
     constants: Mapping[str, npt.NDArray[Any]] | None = None,
+    outputs: Sequence[str] | None = None,
+    keep_names: bool = False,
 ) -> tuple[onnx.ModelProto, dict[str, str], list[str]]:
     """``nodes`` as one connected subgraph: edges between them stay inside, so the target may
     fuse them, and only the window's exits are outputs (marking more would break fusions).
 
-    Inputs from outside the window become graph inputs as in ``isolation_model``. Returns the
-    model, the feed map and the exit tensors.
+    Inputs from outside the window become graph inputs as in ``isolation_model`` (under their
+    own names with ``keep_names``, as a repro bundle wants). ``outputs`` narrows the exits.
+    Returns the model, the feed map and the outputs.
     """
-    exits = window_exits(loaded, nodes)
-    model, feeds = _extract(loaded, nodes, meta, constants or {}, True, exits, "window")
+    exits = window_exits(loaded, nodes) if outputs is None else list(outputs)
+    model, feeds = _extract(
+        loaded, nodes, meta, constants or {}, True, exits, "window", keep_names=keep_names
+    )
     return model, feeds, exits
 
 
@@ -390,6 +395,7 @@ def _extract(
     keep_edges: bool,
     outputs: Sequence[str],
     suffix: str,
+    keep_names: bool = False,
 ) -> tuple[onnx.ModelProto, dict[str, str]]:
     """Copy ``nodes`` into a new model; activations they read from elsewhere become graph
     inputs (``ref__<name>``) or, for ``constants``, initializers. With ``keep_edges`` a tensor
@@ -415,10 +421,10 @@ def _extract(
     def feed_name(tensor: str) -> str:
         if tensor not in feed_for:
             if tensor in constants:
-                feed_for[tensor] = fresh(f"const__{tensor}")
+                feed_for[tensor] = fresh(tensor if keep_names else f"const__{tensor}")
                 embedded[feed_for[tensor]] = tensor
             else:
-                feed_for[tensor] = fresh(f"ref__{tensor}")
+                feed_for[tensor] = fresh(tensor if keep_names else f"ref__{tensor}")
                 feeds[feed_for[tensor]] = tensor
         return feed_for[tensor]
 

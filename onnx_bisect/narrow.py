@@ -39,7 +39,7 @@ from onnx_bisect.search import (
     forward_windows,
 )
 
-__all__ = ["CutResult", "Pattern", "cut_search", "find_pattern"]
+__all__ = ["CutResult", "Pattern", "cut_search", "find_pattern", "window_candidates"]
 
 log = logging.getLogger(__name__)
 
@@ -110,17 +110,24 @@ def find_pattern(
     Conv -> Sigmoid -> Mul), forward (consumers: a fused group starting there), and backward
     closed over fan-out (an ancestor with all its readers, so its output is unobserved).
     """
-    producers, consumers = _edges(loaded, store)
-    back = backward_windows(start.index, producers, max_size)
-    fwd = forward_windows(start.index, consumers, max_size)
-    closed = closure_windows(start.index, producers, consumers, max_size)
-    for tried, window in enumerate(_unique(_interleave(back, fwd, closed)), start=1):
+    for tried, window in enumerate(window_candidates(loaded, store, start, max_size), start=1):
         nodes = tuple(loaded.nodes[i] for i in window)
         exits = _run_window(target, loaded, feeds, crit, store, stats, nodes)
         if exits is not None and any(c.diverged for c in exits.values()):
             log.info("pattern: window %s reproduces", [n.name for n in nodes])
             return Pattern(nodes, exits, tried)
     return None
+
+
+def window_candidates(
+    loaded: LoadedModel, store: TensorStore, start: NodeInfo, max_size: int = MAX_WINDOW
+) -> Iterator[tuple[int, ...]]:
+    """Node-index windows around ``start``, smallest first, each family interleaved."""
+    producers, consumers = _edges(loaded, store)
+    back = backward_windows(start.index, producers, max_size)
+    fwd = forward_windows(start.index, consumers, max_size)
+    closed = closure_windows(start.index, producers, consumers, max_size)
+    return _unique(_interleave(back, fwd, closed))
 
 
 def _run_window(

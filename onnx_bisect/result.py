@@ -152,6 +152,7 @@ class BisectResult:
     command: str = ""
     search: SearchInfo | None = None
     chain: tuple[Any, ...] = ()  # ChainLink from the root cause towards the outputs
+    repro: Any = None  # reduce.ReproInfo when a bundle was asked for
 
     @property
     def diverged(self) -> bool:
@@ -231,6 +232,7 @@ class BisectResult:
             "command": self.command,
             "runs": dict(self.runs),
             "search": self.search.to_dict() if self.search else None,
+            "repro": self.repro.to_dict() if self.repro is not None else None,
             "chain": [
                 {
                     "node": c.node,

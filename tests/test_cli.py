@@ -40,9 +40,11 @@ def test_bisect_finds_planted_fault_and_writes_reports(tmp_path: Path) -> None:
         "report.json",
         "nodes.csv",
         "inputs.npz",
+        "repro",
     }
     report = json.loads((out / "report.json").read_text())
     assert report["first_divergence"]["node"] == FAULT
+    assert report["repro"]["reproduces"] is True and report["repro"]["nodes"] == [FAULT]
     assert report["command"].startswith("bisect ")
     with np.load(out / "inputs.npz") as z:
         assert z["images"].shape == (1, 3, 160, 160)

@@ -16,7 +16,7 @@ from onnx_bisect.report.markdown import render_markdown
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult
 
-__all__ = ["FORMATS", "check_formats", "write_reports"]
+__all__ = ["FORMATS", "check_formats", "write_bundle_docs", "write_reports"]
 
 FORMATS = ("md", "json", "csv")
 
@@ -45,6 +45,7 @@ def write_reports(result: BisectResult, out_dir: Path, formats: Sequence[str]) -
         path = out_dir / "nodes.csv"
         _write_csv(path, result.node_rows())
         written.append(path)
+    written += write_bundle_docs(result)
     path = out_dir / "inputs.npz"
     save_npz(path, result.inputs)
     written.append(path)
@@ -62,3 +63,15 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
             writer.writerow(
                 {k: "" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
             )
+
+
+def write_bundle_docs(result: BisectResult) -> list[Path]:
+    """README.md and issue.md beside the repro bundle's files, when there is a bundle."""
+    if result.repro is None or not Path(result.repro.path).is_dir():
+        return []
+    from onnx_bisect.report.issue import render_bundle_readme, render_issue
+
+    bundle = Path(result.repro.path)
+    (bundle / "README.md").write_text(render_bundle_readme(result))
+    (bundle / "issue.md").write_text(render_issue(result))
+    return [bundle / "README.md", bundle / "issue.md"]

@@ -9,7 +9,7 @@ from onnx_bisect.report.format import chain_line, fmt, fmt_amp, node_label, sear
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
 
-__all__ = ["render_markdown"]
+__all__ = ["render_markdown", "render_table"]
 
 # GitHub rejects issue bodies over 65,536 characters; leave room for the user's own words.
 MAX_FULL_TABLE_ROWS = 400
@@ -37,16 +37,20 @@ def render_markdown(result: BisectResult) -> str:
         )
     if result.nodes:
         lines += ["", f"**Top {TOP_K} nodes by accumulated error**", ""]
-        lines += _table(result, result.top(TOP_K))
+        lines += render_table(result, result.top(TOP_K))
         shown = list(result.nodes[:MAX_FULL_TABLE_ROWS])
         lines += ["", "<details><summary>All probed nodes</summary>", ""]
-        lines += _table(result, shown)
+        lines += render_table(result, shown)
         if len(result.nodes) > len(shown):
             lines += [
                 "",
                 f"*Truncated: {len(result.nodes) - len(shown)} more rows in `nodes.csv`.*",
             ]
         lines += ["", "</details>"]
+    if result.repro is not None:
+        r = result.repro
+        state = "verified" if r.reproduces else "not verified"
+        lines += ["", f"**Repro bundle** (`{r.path}`, {state}): {r.message}"]
     if result.not_probed:
         lines += ["", f"{len(result.not_probed)} tensors inside subgraphs were not probed."]
     if result.notes:
@@ -86,7 +90,7 @@ def _summary(result: BisectResult) -> list[str]:
     return out
 
 
-def _table(result: BisectResult, nodes: list[NodeResult]) -> list[str]:
+def render_table(result: BisectResult, nodes: list[NodeResult]) -> list[str]:
     key = result.criterion.key
     rows = [
         f"| # | node | op | verdict | accumulated {key} | isolated {key} | amplification "

@@ -83,6 +83,10 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
         console.print(f"[dim]note:[/] {note}")
     if result.search is not None:
         console.print(f"[dim]{search_line(result)}[/]")
+    if result.repro is not None:
+        r = result.repro
+        mark = "[green]verified[/]" if r.reproduces else "[yellow]NOT verified[/]"
+        console.print(f"[bold]Repro bundle[/] {r.path} ({r.kind}, {mark}): {r.message}")
     if chain_line(result):
         console.print(f"[bold]Amplification chain[/]: {chain_line(result)}")
     runs = ", ".join(f"{k} {v}" for k, v in result.runs.items())

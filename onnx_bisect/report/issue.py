@@ -1,0 +1,116 @@
+"""The repro bundle's README.md and issue.md: what a runtime's maintainers read first."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from onnx_bisect.report.format import fmt
+from onnx_bisect.report.markdown import render_markdown, render_table
+
+if TYPE_CHECKING:
+    from onnx_bisect.result import BisectResult
+
+__all__ = ["MAX_ISSUE_CHARS", "render_bundle_readme", "render_issue"]
+
+# GitHub caps an issue body at 65,536 characters; keep room for the reporter's own words.
+MAX_ISSUE_CHARS = 60_000
+TOP_ROWS = 10
+
+
+def _headline(result: BisectResult) -> str:
+    rc = result.root_cause
+    target, ref = result.target.spec, result.ref.spec
+    if rc is not None and rc.kind == "crash" and rc.nodes:
+        return f"`{target}` crashes on `{rc.nodes[0]}`"
+    if rc is not None and rc.nodes:
+        what = rc.nodes[0] if len(rc.nodes) == 1 else f"{rc.nodes[0]} … {rc.nodes[-1]}"
+        return f"`{target}` diverges from `{ref}` at `{what}` ({rc.kind})"
+    fd = result.first_divergence
+    where = f" from `{fd.name}`" if fd is not None else ""
+    return f"`{target}` diverges from `{ref}`{where}"
+
+
+def _bundle_lines(result: BisectResult) -> list[str]:
+    r = result.repro
+    if r is None:
+        return ["No repro bundle was written."]
+    state = (
+        "verified: re-run in a fresh process, it reproduces"
+        if r.reproduces
+        else ("NOT verified: " + r.message)
+    )
+    return [
+        f"- {len(r.nodes)} node(s) of {r.nodes_before}: "
+        + ", ".join(f"`{n}`" for n in r.nodes[:8])
+        + (" …" if len(r.nodes) > 8 else ""),
+        f"- fed {'the reference’s tensors at the cut' if r.isolated else 'the model’s own inputs'}",
+        f"- {state}",
+        f"- {r.message}",
+    ]
+
+
+def render_bundle_readme(result: BisectResult) -> str:
+    r = result.repro
+    lines = [f"# Repro: {_headline(result)}", ""]
+    lines += _bundle_lines(result)
+    lines += [
+        "",
+        "## Run it",
+        "",
+        "```bash",
+        "python repro.py                      # exit 1: reproduces, exit 0: does not",
+        f"python repro.py --target '{result.ref.spec}'   # the reference, for contrast",
+        "```",
+        "",
+        "Files: `model.onnx` (the subgraph, original node names), `test_data_set_0/input_N.pb`",
+        "(the reference's tensors at the cut) and `output_N.pb` (the reference's outputs), in the",
+        "ONNX backend test-case layout, and `repro.py`, which needs only numpy, onnx and the",
+        "backends it names.",
+        "",
+        "## Found with",
+        "",
+        "```bash",
+        result.command or "onnx_bisect.bisect(...)",
+        "```",
+        "",
+        "## Versions",
+        "",
+    ]
+    lines += [f"- {k}: {v}" for k, v in result.versions.items()]
+    if r is not None and not r.reproduces:
+        lines += ["", f"**Caution:** {r.message}"]
+    return "\n".join(lines) + "\n"
+
+
+def render_issue(result: BisectResult) -> str:
+    """A GitHub-issue body: title, environment, repro steps, expected vs actual, top rows, and
+    the full report folded away; truncated (and marked so) to stay under 60 kB."""
+    head = [f"# {_headline(result)}", "", "## Environment", ""]
+    head += [f"- reference: `{result.ref.spec}` ({result.ref.description})"]
+    head += [f"- target: `{result.target.spec}` ({result.target.description})"]
+    head += [f"- {k}: {v}" for k, v in result.versions.items()]
+    head += ["", "## Minimal repro", ""]
+    head += _bundle_lines(result)
+    head += ["", "```bash", "cd repro && python repro.py   # exits 1 when it reproduces", "```"]
+    head += ["", "## Expected vs actual", ""]
+    head += ["| output | status | rel_l2 | max_abs |", "|---|---|---|---|"]
+    for c in result.outputs:
+        rel, mx = fmt(c.metrics.get("rel_l2")), fmt(c.metrics.get("max_abs"))
+        head.append(f"| `{c.tensor}` | {c.status.value} | {rel} | {mx} |")
+    rc, fd = result.root_cause, result.first_divergence
+    if fd is not None:
+        acc = fd.accumulated
+        detail = acc.reason if acc is not None else fd.verdict.value
+        head += ["", f"First divergence: {fd.op_type} `{fd.name}` (#{fd.index}): {detail}."]
+    if rc is not None:
+        head += [f"Root cause ({rc.kind}): {rc.reason}."]
+    top = result.top(TOP_ROWS)
+    if top:
+        head += ["", f"## Top {len(top)} nodes", ""] + render_table(result, top)
+    body = "\n".join(head)
+    full = render_markdown(result)
+    room = MAX_ISSUE_CHARS - len(body) - 200
+    if len(full) > room:
+        cut = full[: max(room, 0)].rsplit("\n", 1)[0]
+        full = cut + "\n\n*Truncated to fit an issue body; the whole report is report.md.*"
+    return body + "\n\n<details><summary>Full report</summary>\n\n" + full + "\n\n</details>\n"
