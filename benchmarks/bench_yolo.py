@@ -540,7 +540,7 @@ def bench_model(
         ddir = work / "diagnosis"
         shutil.rmtree(ddir, ignore_errors=True)
         argv = [*bisect_argv, str(path), "--ref", "cpu", "--target", target, *shape_args]
-        argv += ["--out", str(ddir)]
+        argv += ["--out", str(ddir), "--no-repro"]  # the repro bundle is timed apart
         log = work / "logs" / f"diagnosis-{i}.log"
         s = measure(argv, log)
         if s.rc not in (0, 1):
@@ -558,7 +558,7 @@ def bench_model(
         ddir = work / "ort-pair"
         shutil.rmtree(ddir, ignore_errors=True)
         argv = [*bisect_argv, str(path), "--ref", "cpu", "--target", "cpu?opt=disable"]
-        argv += [*shape_args, "--always-scan", "--out", str(ddir)]
+        argv += [*shape_args, "--always-scan", "--no-repro", "--out", str(ddir)]
         s = measure(argv, work / "logs" / f"ort-pair-{i}.log")
         if s.rc not in (0, 1):
             raise BenchError(f"bisect (ORT pair) exited {s.rc}")

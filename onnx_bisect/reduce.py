@@ -2,8 +2,9 @@
 test case with a standalone ``repro.py``, and proven by running it before we say so.
 
 Candidates, smallest first: the root cause itself (one culprit, a pattern window, a crash
-node), then windows grown around it, then the whole prefix of the graph up to it (the context
-in which the divergence was seen). Each is run on the target fed the reference's tensors at its
+node), then windows grown around it, then doubling ranges of its ancestors (16, 32, ... nodes
+back), then the whole prefix of the graph up to it (the context in which the divergence was
+seen, fed the model's own inputs). Each is run on the target fed the reference's tensors at its
 cut; the first that reproduces is trimmed to the outputs that diverge, written, and re-run in a
 fresh process exactly as ``repro.py`` would run it. A bundle that does not reproduce there makes
 way for the next candidate; if none does, the report says so.
@@ -148,7 +149,38 @@ def _candidates(
         if merged not in seen:
             seen.add(merged)
             yield _Candidate(tuple(loaded.nodes[i] for i in merged), False)
+    yield from _ranges(loaded, first[-1])
     yield _Candidate(tuple(loaded.nodes[: first[-1] + 1]), True)
+
+
+def _ranges(loaded: LoadedModel, end: int) -> Iterator[_Candidate]:
+    """Ancestors of ``end`` among the 16, 32, 64, ... nodes before it, fed at the cut.
+
+    For a divergence that needs a region of the graph rather than a window: the first range
+    that reproduces is within twice the smallest one that would, at one target run per
+    doubling, before the whole prefix is the last resort.
+    """
+    ancestors = _ancestors(loaded, end)
+    step = 16
+    while step < end:
+        start = end - step
+        nodes = tuple(n for n in loaded.nodes[start : end + 1] if n.index in ancestors)
+        yield _Candidate(nodes, False)
+        step *= 2
+
+
+def _ancestors(loaded: LoadedModel, end: int) -> set[int]:
+    producer = loaded.producer
+    seen = {end}
+    todo = [end]
+    while todo:
+        n = loaded.nodes[todo.pop()]
+        for t in (*n.inputs, *n.implicit_inputs):
+            p = producer.get(t)
+            if p is not None and p.index not in seen:
+                seen.add(p.index)
+                todo.append(p.index)
+    return seen
 
 
 def _reproduce(

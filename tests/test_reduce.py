@@ -159,3 +159,15 @@ def test_no_repro_flag(tmp_path: Path, flag: str) -> None:
         [str(YOLO), "-t", runtime("--fault", f"{FAULT}=0.05"), "-o", str(tmp_path), flag],
     )
     assert res.exit_code == 1 and not (tmp_path / "repro").exists()
+
+
+def test_a_region_bug_is_reduced_to_a_range_of_ancestors(tmp_path: Path) -> None:
+    # Wrong only in graphs of at least 20 nodes: no window of 8 shows it, a range does.
+    node = "/detect/cv2.1/cv2.1.1/conv/Conv"
+    result = onnx_bisect.bisect(
+        YOLO_FUSED, target=runtime("--context-fault", f"{node}=0.05:20"), repro=tmp_path / "r"
+    )
+    r = result.repro
+    assert r is not None and r.reproduces and r.isolated
+    assert 20 <= len(r.nodes) <= 64 and r.nodes[-1] == node
+    assert len(r.nodes) < r.nodes_before
