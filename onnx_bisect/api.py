@@ -28,6 +28,7 @@ from onnx_bisect.feeds import make_feeds
 from onnx_bisect.locate import (
     IsolationFailure,
     Observed,
+    culprit_cause,
     first_divergence,
     isolate,
     judge,
@@ -407,13 +408,7 @@ def _by_cut_search(
             f"the transition); a linear pass around it chose {cut.node.name!r}"
         )
     if first.verdict is Verdict.CULPRIT and first.isolated is not None:
-        cause = RootCause(
-            "culprit",
-            (first.name,),
-            f"{first.op_type} {first.name!r} diverges on its own when fed the reference's "
-            f"inputs ({first.isolated.reason})",
-        )
-        return _Found(judged, first, cause, search)
+        return _Found(judged, first, culprit_cause(first), search)
     fallback = RootCause("none", (), "no single node or small window reproduces the divergence")
     return _with_pattern(ctx, target, store, judged, first, fallback, search)
 

@@ -9,6 +9,8 @@ import logging
 import re
 import shlex
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -134,7 +136,7 @@ def run_command(
         format="%(levelname)s %(name)s: %(message)s",
     )
     command = shlex.join(["bisect", *_argv_of(model, ref, target, input, shape, out)])
-    try:
+    with _user_errors(debug):
         shapes = dict(parse_shape(s) for s in shape or [])
         formats = [f.strip() for f in format.split(",") if f.strip()]
         check_formats(formats)  # before the diagnosis, not after it
@@ -160,14 +162,6 @@ def run_command(
             command=command,
         )
         written = result.write(out, formats) if out is not None else []
-    except OnnxBisectError as exc:
-        _fail(str(exc))
-    except typer.BadParameter as exc:
-        _fail(exc.message)
-    except Exception as exc:
-        if debug:
-            raise
-        _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)", EXIT_INTERNAL)
     if not quiet:
         from onnx_bisect.report import print_summary
 
@@ -203,6 +197,24 @@ def _argv_of(
     return args
 
 
+@contextmanager
+def _user_errors(debug: bool) -> Iterator[None]:
+    """What the user can fix: one line, exit 2. Anything else is our bug: one line, exit 3
+    (the traceback with --debug)."""
+    try:
+        yield
+    except OnnxBisectError as exc:
+        _fail(str(exc))
+    except typer.BadParameter as exc:
+        _fail(exc.message)
+    except typer.Exit:
+        raise
+    except Exception as exc:
+        if debug:
+            raise
+        _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)", EXIT_INTERNAL)
+
+
 def _stdout() -> Console:
     """Logs and CI capture are not terminals; 80 columns would fold every node name."""
     console = Console(highlight=False)
@@ -233,20 +245,12 @@ def reduce_command(
     debug: Annotated[bool, typer.Option(help="Show tracebacks for internal errors.")] = False,
 ) -> None:
     """Write a minimal, verified repro bundle for MODEL to OUT (no reports)."""
-    try:
+    with _user_errors(debug):
         shapes = dict(parse_shape(s) for s in shape or [])
         result = run_bisect(
             model, ref=ref, target=target, inputs=input, shapes=shapes, seed=seed,
             threshold=_threshold(threshold), repro=out,
         )  # fmt: skip
-    except OnnxBisectError as exc:
-        _fail(str(exc))
-    except typer.BadParameter as exc:
-        _fail(exc.message)
-    except Exception as exc:
-        if debug:
-            raise
-        _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)", EXIT_INTERNAL)
     console = _stdout()
     if result.repro is None:
         console.print("No divergence: nothing to reduce.")

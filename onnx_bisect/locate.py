@@ -24,6 +24,7 @@ from onnx_bisect.run import RunStats, TensorStore, plan_chunks, run_pair, timed_
 __all__ = [
     "IsolationFailure",
     "Observed",
+    "culprit_cause",
     "first_divergence",
     "is_constant",
     "reference_operands",
@@ -299,17 +300,21 @@ def first_divergence(nodes: Sequence[NodeResult]) -> NodeResult | None:
     return next((n for n in nodes if n.diverged), None)
 
 
+def culprit_cause(node: NodeResult) -> RootCause:
+    iso = node.isolated
+    why = (iso.reason or iso.status.value) if iso is not None else "isolated"
+    return RootCause(
+        "culprit",
+        (node.name,),
+        f"{node.op_type} {node.name!r} diverges on its own when fed the reference's inputs ({why})",
+    )
+
+
 def root_cause(nodes: Sequence[NodeResult], first: NodeResult | None) -> RootCause | None:
     """The earliest culprit; when no node is wrong on its own, say so plainly."""
     culprit = next((n for n in nodes if n.verdict is Verdict.CULPRIT), None)
     if culprit is not None and culprit.isolated is not None:
-        iso = culprit.isolated
-        return RootCause(
-            "culprit",
-            (culprit.name,),
-            f"{culprit.op_type} {culprit.name!r} diverges on its own when fed the reference's "
-            f"inputs ({iso.reason or iso.status.value})",
-        )
+        return culprit_cause(culprit)
     if first is None:
         return RootCause(
             "none",
