@@ -243,6 +243,7 @@ def bisect(
             bundle = _bundle(ctx, ref_b, tgt_b, store, start, False, Path(repro), spec_given)
             timings["repro"] = time.perf_counter() - t
     nodes, first, cause, search = found.nodes, found.first, found.cause, found.search
+    notes += _widespread(nodes)
     if not diverged and first is not None:
         notes.append(
             f"the final outputs agree, but {first.name!r} and later tensors diverge inside the "
@@ -273,6 +274,20 @@ def _with_bundle_docs(result: BisectResult) -> BisectResult:
 
     write_bundle_docs(result)
     return result
+
+
+def _widespread(nodes: Sequence[NodeResult]) -> list[str]:
+    """Many culprits at once is a precision policy (bf16, fp16, TF32), not one bad kernel."""
+    culprits = [n for n in nodes if n.verdict is Verdict.CULPRIT]
+    ops = sorted({n.op_type for n in culprits})
+    if len(culprits) < 5 or len(culprits) < 0.1 * sum(1 for n in nodes if n.isolated):
+        return []
+    return [
+        f"{len(culprits)} nodes ({', '.join(ops[:4])}) are each wrong on their own: that is "
+        "usually the target computing at lower precision (bf16/fp16/TF32) rather than one bad "
+        "kernel; compare at fp32 (e.g. openvino?precision=f32) to test the kernels, or use "
+        "--threshold auto to see which errors exceed fp32 rounding"
+    ]
 
 
 def _bundle_start(cause: RootCause | None, first: NodeResult | None) -> tuple[str, ...]:

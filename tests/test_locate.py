@@ -193,3 +193,16 @@ def test_float64_reference_feeds_the_target_in_its_own_dtype() -> None:
     assert not [n for n in result.nodes if n.verdict in (Verdict.FAILED, Verdict.UNSUPPORTED)]
     clean = onnx_bisect.bisect(TRANSFORMER, ref="ref?dtype=float64", target="cpu", always_scan=True)
     assert clean.verdict == "match" and clean.first_divergence is None
+
+
+def test_many_culprits_are_called_a_precision_policy() -> None:
+    pytest.importorskip("openvino")
+    from onnx_bisect.adapters.openvino import default_precision
+
+    if default_precision("CPU") != "bf16":
+        pytest.skip("OpenVINO runs fp32 here")
+    result = onnx_bisect.bisect(YOLO, target="openvino")
+    assert len(result.culprits()) >= 5
+    assert any("lower precision" in n for n in result.notes)
+    planted = onnx_bisect.bisect(YOLO, target=FaultyBackend(FAULT_NODE))
+    assert not any("lower precision" in n for n in planted.notes)
