@@ -135,13 +135,16 @@ def bisect(
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     loaded = load_model(model)
+    ref_b, tgt_b = _backend(ref, False, None), _backend(target, isolate_crashes, timeout)
+    if inputs is None:
+        # A dump carries the inputs it was made with; comparing other inputs would be noise.
+        inputs = next((d for b in (ref_b, tgt_b) if (d := _dump_inputs(b)) is not None), None)
     feeds = make_feeds(
         loaded.model,
         inputs=Path(inputs) if isinstance(inputs, str) else inputs,
         shapes=shapes,
         seed=seed,
     )
-    ref_b, tgt_b = _backend(ref, False, None), _backend(target, isolate_crashes, timeout)
     timings["load"] = time.perf_counter() - t0
     stats = RunStats()
     notes = list(loaded.notes)
@@ -209,7 +212,19 @@ def bisect(
         # Within budget the reference's tensors stay in memory; beyond it they go to disk.
         store = TensorStore(None if total <= max_memory else Path(cache))
         t = time.perf_counter()
-        if strategy == "bisect":
+        if getattr(tgt_b, "partial", False):
+            scanned = scan(
+                ref_b, tgt_b, loaded, feeds, crit, sizes, max_memory, store, stats, parallel
+            )
+            timings["scan"] = time.perf_counter() - t
+            found = _by_dump(ctx, scanned)
+            used = "scan"
+            notes.append(
+                "the target is a dump: only accumulated errors can be known (no isolation, "
+                "window or cut search); a node whose inputs match and whose output does not is "
+                "named as the culprit"
+            )
+        elif strategy == "bisect":
             scan(ref_b, None, loaded, feeds, crit, sizes, max_memory, store, stats, parallel)
             timings["scan"] = time.perf_counter() - t
             found = _by_cut_search(ctx, tgt_b, store, "requested with --strategy bisect")
@@ -288,6 +303,41 @@ def _widespread(nodes: Sequence[NodeResult]) -> list[str]:
         "kernel; compare at fp32 (e.g. openvino?precision=f32) to test the kernels, or use "
         "--threshold auto to see which errors exceed fp32 rounding"
     ]
+
+
+def _dump_inputs(backend: Backend) -> dict[str, npt.NDArray[Any]] | None:
+    get = getattr(backend, "inputs", None)
+    return get() if getattr(backend, "partial", False) and callable(get) else None
+
+
+def _by_dump(ctx: _Context, scanned: Observed) -> _Found:
+    """Verdicts from accumulated errors alone: a divergent node with clean inputs is the
+    culprit as far as a dump can tell."""
+    nodes = judge(ctx.loaded, scanned.comparisons, {}, ctx.crit)
+    diverged = {t for t, c in scanned.comparisons.items() if c.diverged}
+    derived = []
+    for n in nodes:
+        if n.diverged and not any(t in diverged for t in n.inputs):
+            n = replace(
+                n,
+                verdict=Verdict.CULPRIT,
+                note="derived from the dump: its inputs match the reference, its output does not",
+            )
+        derived.append(n)
+    first = first_divergence(derived)
+    culprit = next((n for n in derived if n.verdict is Verdict.CULPRIT), None)
+    cause = None
+    if culprit is not None:
+        cause = RootCause(
+            "culprit",
+            (culprit.name,),
+            f"{culprit.op_type} {culprit.name!r}: its inputs match the reference and its output "
+            "does not (derived from a dump, which cannot be isolated; a fusion ending at this "
+            "node is as likely as a kernel bug)",
+        )
+    elif first is not None:
+        cause = RootCause("none", (), "the dump diverges, but no node with clean inputs does")
+    return _Found(derived, first, cause)
 
 
 def _bundle_start(cause: RootCause | None, first: NodeResult | None) -> tuple[str, ...]:

@@ -280,6 +280,29 @@ def repro_command(
     raise typer.Exit(code)
 
 
+@app.command("dump")
+def dump_command(
+    model: Annotated[Path, typer.Argument(metavar="MODEL", show_default=False)],
+    backend: Annotated[str, typer.Option("--backend", "-b", help="Backend to dump (spec).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write.")],
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="Inputs file.")] = None,
+    shape: Annotated[list[str] | None, typer.Option("--shape", "-s", help="NAME=DIMS.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for generated inputs.")] = 0,
+    max_memory: Annotated[str, typer.Option(help="Most output bytes per run.")] = "4GB",
+    debug: Annotated[bool, typer.Option(help="Show tracebacks for internal errors.")] = False,
+) -> None:
+    """Write every tensor BACKEND computes to OUT, to compare later with --target dump:OUT."""
+    from onnx_bisect.dumper import dump
+
+    with _user_errors(debug):
+        shapes = dict(parse_shape(s) for s in shape or [])
+        done = dump(
+            model, backend, out, inputs=input, shapes=shapes, seed=seed,
+            max_memory=parse_bytes(max_memory),
+        )  # fmt: skip
+    _stdout().print(f"{done.tensors} tensors from {backend} in {done.path}/ ({done.runs} run(s))")
+
+
 @app.command("backends")
 def backends_command() -> None:
     """List each backend adapter and whether it can run here (and why not)."""

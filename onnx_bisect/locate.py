@@ -92,10 +92,26 @@ def screen(
         lambda: timed_run(target, loaded.model, feeds, "target", stats),
         parallel,
     )
+    shown = [n for n in loaded.outputs if _answered(n, ref, ref_out, target, tgt_out)]
+    if not shown:
+        raise BackendError("neither the reference nor the target holds any final output")
     return Observed(
-        {n: compare_tensors(n, ref_out.get(n), tgt_out.get(n), crit) for n in loaded.outputs},
-        {n: tgt_out[n] for n in loaded.outputs if n in tgt_out},
+        {n: compare_tensors(n, ref_out.get(n), tgt_out.get(n), crit) for n in shown},
+        {n: tgt_out[n] for n in shown if n in tgt_out},
     )
+
+
+def _answered(
+    name: str,
+    ref: Backend,
+    ref_out: Mapping[str, Any],
+    target: Backend | None,
+    tgt_out: Mapping[str, Any],
+) -> bool:
+    """A dump (``partial``) that does not hold a tensor says nothing about it: not a mismatch."""
+    missing_ref = name not in ref_out and getattr(ref, "partial", False)
+    missing_tgt = name not in tgt_out and getattr(target, "partial", False)
+    return not (missing_ref or missing_tgt)
 
 
 def scan(
@@ -133,8 +149,10 @@ def scan(
                 parallel,
             )
         for name in chunk:
+            if name not in ref_out:  # a dump reference that does not hold it
+                continue
             store.put(name, ref_out[name])
-            if tgt_out is None:
+            if tgt_out is None or not _answered(name, ref, ref_out, target, tgt_out):
                 continue
             comparisons[name] = compare_tensors(name, ref_out[name], tgt_out.get(name), crit)
             if name in outputs and name in tgt_out:
@@ -157,7 +175,11 @@ def isolate(
     Nodes are batched into isolation models of at most ``budget`` bytes of inputs plus outputs.
     A batch the target cannot run is split in halves until the failing nodes stand alone.
     """
-    todo = [n for n in (loaded.nodes if nodes is None else nodes) if n.outputs]
+    todo = [
+        n
+        for n in (loaded.nodes if nodes is None else nodes)
+        if n.outputs and _reference_known(n, loaded, feeds, store)
+    ]
     sizes: dict[str, int | None] = {}
     for n in todo:
         cost = sum(store.nbytes(t) for t in (*n.inputs, *n.outputs) if t in store)
@@ -187,6 +209,15 @@ def isolate(
                 t: compare_tensors(t, store.get(t), outs.get(t), crit) for t in n.outputs
             }
     return results
+
+
+def _reference_known(node: NodeInfo, loaded: LoadedModel, feeds: Feeds, store: TensorStore) -> bool:
+    """Whether the reference's values of every input and output are at hand (a dumped
+    reference may hold only some tensors)."""
+    known = set(loaded.initializers) | set(feeds) | {""}
+    return all(t in known or t in store for t in node.inputs) and all(
+        o in store for o in node.outputs
+    )
 
 
 def _run_isolated(

@@ -83,8 +83,10 @@ def parse_spec(text: str) -> BackendSpec:
     raw = text.strip()
     if not raw:
         raise SpecError("empty backend spec; try 'cpu', 'ref' or 'openvino'")
-    if raw.startswith("exec:"):
-        return BackendSpec(text=raw, name="exec", device=raw[len("exec:") :].strip())
+    for verbatim in ("exec", "dump"):
+        # A command line or a path: taken as written, '?' and '+' included.
+        if raw.startswith(f"{verbatim}:"):
+            return BackendSpec(text=raw, name=verbatim, device=raw[len(verbatim) + 1 :].strip())
     head, *transforms = raw.split("+")
     m = _SPEC.match(head)
     if not m:
@@ -201,6 +203,7 @@ _BUILTIN = (
     Adapter("ref", "onnx_bisect.adapters.reference:ReferenceBackend", "onnx.reference evaluator"),
     Adapter("openvino", "onnx_bisect.adapters.openvino:OpenVinoBackend", "OpenVINO runtime"),
     Adapter("exec", "onnx_bisect.adapters.exec:ExecBackend", "any program: exec:CMD protocol"),
+    Adapter("dump", "onnx_bisect.adapters.dump:DumpBackend", "tensors dumped earlier: dump:DIR"),
     Adapter("torch", "onnx_bisect.adapters.unavailable:TorchBackend", "torch (mps/cuda/cpu)"),
 )
 

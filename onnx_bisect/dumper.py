@@ -1,0 +1,66 @@
+"""``onnx-bisect dump``: every tensor of a model as one backend computes it, for offline
+comparison (dump on the Mac, compare on Linux with ``--target dump:DIR``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+
+from onnx_bisect.adapters.base import create_backend
+from onnx_bisect.adapters.dump import INPUTS_FILE, MANIFEST, file_name
+from onnx_bisect.api import DEFAULT_MAX_MEMORY, environment
+from onnx_bisect.feeds import make_feeds, save_npz
+from onnx_bisect.model import fix_input_shapes, load_model, tensor_nbytes, with_outputs
+from onnx_bisect.run import RunStats, plan_chunks, timed_run
+
+__all__ = ["DumpResult", "dump"]
+
+
+@dataclass(frozen=True)
+class DumpResult:
+    path: Path
+    tensors: int
+    runs: int
+
+
+def dump(
+    model: str | os.PathLike[str] | onnx.ModelProto,
+    backend: str,
+    out: str | os.PathLike[str],
+    *,
+    inputs: Path | Mapping[str, npt.NDArray[Any]] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    seed: int = 0,
+    max_memory: int = DEFAULT_MAX_MEMORY,
+) -> DumpResult:
+    """Write every top-level tensor ``backend`` computes, plus the inputs and a manifest."""
+    loaded = load_model(model)
+    feeds = make_feeds(loaded.model, inputs=inputs, shapes=shapes, seed=seed)
+    runner = create_backend(backend)
+    directory = Path(out)
+    directory.mkdir(parents=True, exist_ok=True)
+    sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))
+    stats = RunStats()
+    for chunk in plan_chunks(loaded.probes, sizes, max_memory):
+        values = timed_run(runner, with_outputs(loaded.model, chunk), feeds, "target", stats)
+        for name in chunk:
+            np.save(directory / file_name(name), np.asarray(values[name]), allow_pickle=False)
+    save_npz(directory / INPUTS_FILE, feeds)
+    manifest = {
+        "model": str(loaded.path) if loaded.path else "<in-memory ModelProto>",
+        "backend": backend,
+        "description": runner.describe(),
+        "versions": environment(runner),
+        "tensors": {name: file_name(name) for name in loaded.probes},
+        "naming": "file = percent-encoded tensor name + '.npy' (onnx_bisect.adapters.dump)",
+    }
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return DumpResult(directory, len(loaded.probes), stats.runs.get("target", 0))
