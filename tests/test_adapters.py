@@ -469,3 +469,40 @@ def test_exec_failure_with_non_utf8_stderr_keeps_the_exit_code(py: str, tmp_path
     with pytest.raises(BackendError) as err:
         create_backend(spec).run(chain(), {"x": X})
     assert "exited with code 4: warning: caf" in str(err.value)
+
+
+def test_plugin_from_a_file_path(tmp_path: Path) -> None:
+    plugin = tmp_path / "my plugins" / "rt.py"
+    plugin.parent.mkdir()
+    plugin.write_text(
+        textwrap.dedent(
+            """
+            from onnx_bisect import BackendBase, create_backend
+
+            class Scaled(BackendBase):
+                def __init__(self, spec):
+                    super().__init__(spec)
+                    spec.check_options(["factor"])
+                    self.factor = float(spec.option("factor", "1"))
+                    self.inner = create_backend("cpu")
+
+                def _run(self, model, feeds):
+                    return {k: v * self.factor for k, v in self.inner.run(model, feeds).items()}
+            """
+        )
+    )
+    from onnx_bisect.adapters.base import create_backend, parse_spec
+
+    spec = parse_spec(f"{plugin}:Scaled?factor=2")
+    assert spec.name == "file" and spec.options["factor"] == "2"
+    import onnx_bisect
+    from tests.models import YOLO
+
+    same = onnx_bisect.bisect(YOLO, target=f"{plugin}:Scaled?factor=1")
+    assert same.verdict == "match"
+    scaled = onnx_bisect.bisect(YOLO, target=f"{plugin}:Scaled?factor=1.01")
+    assert scaled.verdict == "diverged"
+    with pytest.raises(BackendUnavailableError, match="has no Nope"):
+        create_backend(f"{plugin}:Nope")
+    with pytest.raises(BackendUnavailableError, match="no such file"):
+        create_backend(f"{tmp_path}/missing.py:Scaled")

@@ -87,6 +87,14 @@ def parse_spec(text: str) -> BackendSpec:
         # A command line or a path: taken as written, '?' and '+' included.
         if raw.startswith(f"{verbatim}:"):
             return BackendSpec(text=raw, name=verbatim, device=raw[len(verbatim) + 1 :].strip())
+    file_plugin = _FILE_SPEC.match(raw)
+    if file_plugin:
+        # `path/to/file.py:Class?k=v`: the path may hold any character but '?'.
+        options = _options(text, file_plugin["query"] or "")
+        return BackendSpec(
+            text=raw, name="file", device=f"{file_plugin['path']}:{file_plugin['cls']}",
+            options=MappingProxyType(options),
+        )  # fmt: skip
     head, *transforms = raw.split("+")
     m = _SPEC.match(head)
     if not m:
@@ -98,12 +106,7 @@ def parse_spec(text: str) -> BackendSpec:
         if device is not None:
             raise SpecError(f"backend {text!r}: alias {name!r} already names a device")
         name, device = ALIASES[name]
-    options: dict[str, str] = {}
-    for part in filter(None, (m["query"] or "").split("&")):
-        key, sep, value = part.partition("=")
-        if not sep or not key:
-            raise SpecError(f"backend {text!r}: option {part!r} must look like key=value")
-        options[key.strip()] = value.strip()
+    options = _options(text, m["query"] or "")
     return BackendSpec(
         text=raw,
         name=name,
@@ -112,6 +115,45 @@ def parse_spec(text: str) -> BackendSpec:
         options=MappingProxyType(options),
         transforms=tuple(t.strip() for t in transforms if t.strip()),
     )
+
+
+_FILE_SPEC = re.compile(r"^(?P<path>[^?]+\.py):(?P<cls>[A-Za-z_]\w*)(?:\?(?P<query>.*))?$")
+
+
+def _options(text: str, query: str) -> dict[str, str]:
+    options: dict[str, str] = {}
+    for part in filter(None, query.split("&")):
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise SpecError(f"backend {text!r}: option {part!r} must look like key=value")
+        options[key.strip()] = value.strip()
+    return options
+
+
+def _from_file(spec: BackendSpec) -> Callable[[BackendSpec], Backend]:
+    """The class named by ``path/to/file.py:Class``, loaded from that file."""
+    import importlib.util
+    from pathlib import Path
+
+    path, _, cls = (spec.device or "").rpartition(":")
+    if not Path(path).is_file():
+        raise BackendUnavailableError(f"backend {spec.text!r}: no such file {path}")
+    module_spec = importlib.util.spec_from_file_location(
+        f"onnx_bisect_plugin_{Path(path).stem}", path
+    )
+    if module_spec is None or module_spec.loader is None:
+        raise BackendUnavailableError(f"backend {spec.text!r}: cannot import {path}")
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise BackendUnavailableError(
+            f"backend {spec.text!r}: {path} failed to import: {_one_line(exc)}"
+        ) from exc
+    factory = getattr(module, cls, None)
+    if factory is None:
+        raise BackendUnavailableError(f"backend {spec.text!r}: {path} has no {cls}")
+    return factory  # type: ignore[no-any-return]
 
 
 @runtime_checkable
@@ -227,6 +269,8 @@ def create_backend(spec: str | BackendSpec) -> Backend:
             f"backend {parsed.text!r}: model transforms (+{', +'.join(parsed.transforms)}) "
             "are not supported yet"
         )
+    if parsed.name == "file":
+        return _from_file(parsed)(parsed)
     table = adapters()
     adapter = table.get(parsed.name)
     if adapter is None and "." in parsed.name and parsed.device:
