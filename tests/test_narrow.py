@@ -226,3 +226,15 @@ def test_amplification_chain_runs_from_the_root_cause_to_an_output() -> None:
         assert link.gain is None or link.gain == pytest.approx(by_name[link.node].amplification)
     report = result.to_dict()
     assert [c["node"] for c in report["chain"]] == [c.node for c in chain]
+
+
+def test_transformer_crash_and_pattern_through_exec() -> None:
+    crash = onnx_bisect.bisect(TRANSFORMER, target=runtime("--abort-on", "/attn/Softmax"))
+    assert crash.root_cause is not None
+    assert crash.root_cause.kind == "crash" and crash.root_cause.nodes == ("/attn/Softmax",)
+    hidden = onnx_bisect.bisect(
+        TRANSFORMER, target=runtime("--hidden-fault", "/attn/q/MatMul=0.05")
+    )
+    assert hidden.strategy == "scan+bisect"
+    assert hidden.root_cause is not None and hidden.root_cause.kind == "pattern"
+    assert "/attn/q/MatMul" in hidden.root_cause.nodes
