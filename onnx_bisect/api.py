@@ -24,7 +24,7 @@ from onnx_bisect.adapters.base import Backend, BackendSpec, create_backend, pars
 from onnx_bisect.adapters.exec import ExecBackend
 from onnx_bisect.chain import ChainLink, amplification_chain
 from onnx_bisect.errors import BackendCrash, BackendError, InputError
-from onnx_bisect.feeds import make_feeds
+from onnx_bisect.feeds import input_specs, make_feeds, validate_feeds
 from onnx_bisect.locate import (
     IsolationFailure,
     Observed,
@@ -36,6 +36,7 @@ from onnx_bisect.locate import (
     scan,
     screen,
 )
+from onnx_bisect.matching import Matching, match_tensors
 from onnx_bisect.metrics import NOISE_EPS, NOISE_K, Comparison, Criterion, compare_tensors
 from onnx_bisect.model import (
     METADATA_OPS,
@@ -44,6 +45,7 @@ from onnx_bisect.model import (
     load_model,
     prefix_model,
     tensor_nbytes,
+    with_outputs,
 )
 from onnx_bisect.narrow import CutResult, cut_search, find_pattern
 from onnx_bisect.noise import NoiseFloor, measure_float64
@@ -57,7 +59,7 @@ from onnx_bisect.result import (
     SearchInfo,
     Verdict,
 )
-from onnx_bisect.run import RunStats, TensorStore, timed_run
+from onnx_bisect.run import RunStats, TensorStore, plan_chunks, timed_run
 from onnx_bisect.sandbox import SandboxBackend
 from onnx_bisect.search import CutSearch
 
@@ -101,6 +103,7 @@ def bisect(
     isolate_crashes: bool | None = None,
     timeout: float | None = None,
     repro: str | os.PathLike[str] | None = None,
+    target_model: str | os.PathLike[str] | onnx.ModelProto | None = None,
     command: str = "",
 ) -> BisectResult:
     """Find the first node where ``target`` departs from ``ref`` and the node that causes it.
@@ -118,6 +121,8 @@ def bisect(
     ``isolate_crashes`` runs every target step in a child process (always so for ``exec:``
     targets, which are child processes already), so a segfault or abort is caught and bisected
     to the node that causes it; ``timeout`` (seconds per target run) turns a hang into a crash.
+    ``target_model`` runs a different model on the target (an optimized copy, say) and matches
+    tensors by name, leaving out names whose meaning changed.
     ``repro`` names a directory for a minimal repro bundle (ONNX test case + ``repro.py``),
     written and verified when the outputs diverge.
     Raises ``OnnxBisectError`` subclasses for bad input and unusable backends.
@@ -145,6 +150,10 @@ def bisect(
         shapes=shapes,
         seed=seed,
     )
+    other = None
+    if target_model is not None:
+        other = load_model(target_model)
+        validate_feeds(feeds, input_specs(other.model))
     timings["load"] = time.perf_counter() - t0
     stats = RunStats()
     notes = list(loaded.notes)
@@ -172,7 +181,7 @@ def bisect(
     }
     t = time.perf_counter()
     try:
-        screened = screen(ref_b, tgt_b, loaded, feeds, crit, stats, parallel)
+        screened = screen(ref_b, tgt_b, loaded, feeds, crit, stats, parallel, other)
     except BackendCrash as exc:
         if exc.role != "target":
             raise
@@ -212,7 +221,14 @@ def bisect(
         # Within budget the reference's tensors stay in memory; beyond it they go to disk.
         store = TensorStore(None if total <= max_memory else Path(cache))
         t = time.perf_counter()
-        if getattr(tgt_b, "partial", False):
+        matching: Matching | None = None
+        if other is not None:
+            found, matching = _by_models(ctx, ref_b, tgt_b, other, sizes, max_memory, store)
+            used = "scan"
+            notes.append(matching.summary())
+            notes += [f"excluded {t}: {why}" for t, why in list(matching.excluded.items())[:5]]
+            timings["scan"] = time.perf_counter() - t
+        elif getattr(tgt_b, "partial", False):
             scanned = scan(
                 ref_b, tgt_b, loaded, feeds, crit, sizes, max_memory, store, stats, parallel
             )
@@ -251,7 +267,7 @@ def bisect(
                 found = _by_cut_search(ctx, tgt_b, store, reason, scan_nodes=found.nodes)
                 used = "scan+bisect"
         bundle: ReproInfo | None = None
-        if repro is not None and diverged:
+        if repro is not None and diverged and other is None:
             t = time.perf_counter()
             start = _bundle_start(found.cause, found.first)
             spec_given = isinstance(target, str | BackendSpec)
@@ -277,7 +293,9 @@ def bisect(
             notes=tuple(notes),
             search=search,
             # Only a scan's accumulated errors are the target's own result all along the graph.
-            chain=_chain(loaded, nodes, cause, first) if used == "scan" else (),
+            chain=_chain(other or loaded, nodes, cause, first) if used == "scan" else (),
+            matching=matching,
+            target_model=str(other.path or "<in-memory ModelProto>") if other else "",
             repro=bundle,
             **common,
         )
@@ -303,6 +321,34 @@ def _widespread(nodes: Sequence[NodeResult]) -> list[str]:
         "kernel; compare at fp32 (e.g. openvino?precision=f32) to test the kernels, or use "
         "--threshold auto to see which errors exceed fp32 rounding"
     ]
+
+
+def _by_models(
+    ctx: _Context,
+    ref: Backend,
+    target: Backend,
+    other: LoadedModel,
+    sizes: Mapping[str, int | None],
+    budget: int,
+    store: TensorStore,
+) -> tuple[_Found, Matching]:
+    """Reference model against a different target model: tensors matched by name, the
+    target model's nodes isolated on the reference's values where those exist."""
+    scan(ref, None, ctx.loaded, ctx.feeds, ctx.crit, sizes, budget, store, ctx.stats, False)
+    matching = match_tensors(ctx.loaded, other)
+    shapes = {k: v.shape for k, v in ctx.feeds.items()}
+    other_sizes = tensor_nbytes(fix_input_shapes(other.model, shapes))
+    comparisons: dict[str, Comparison] = {}
+    for chunk in plan_chunks(list(matching.matched), other_sizes, budget):
+        out = timed_run(target, with_outputs(other.model, chunk), ctx.feeds, "target", ctx.stats)
+        for name in chunk:
+            comparisons[name] = compare_tensors(name, store.get(name), out.get(name), ctx.crit)
+    view = store.subset(matching.matched)
+    iso_budget = min(budget, ISOLATION_BATCH_BYTES)
+    isolated = isolate(target, other, ctx.feeds, ctx.crit, iso_budget, view, ctx.stats)
+    nodes = judge(other, comparisons, isolated, ctx.crit)
+    first = first_divergence(nodes)
+    return _Found(nodes, first, root_cause(nodes, first)), matching
 
 
 def _dump_inputs(backend: Backend) -> dict[str, npt.NDArray[Any]] | None:

@@ -62,6 +62,10 @@ def run_command(
     ],
     target: Annotated[str, typer.Option("--target", "-t", help="Backend under test (spec).")],
     ref: Annotated[str, typer.Option("--ref", "-r", help="Trusted backend (spec).")] = "cpu",
+    target_model: Annotated[
+        Path | None,
+        typer.Option(help="Run this other model on the target (e.g. an optimized copy)."),
+    ] = None,
     input: Annotated[
         Path | None, typer.Option("--input", "-i", help=".npz, .npy or test-case dir of .pb")
     ] = None,
@@ -155,6 +159,7 @@ def run_command(
             rtol=rtol,
             max_memory=parse_bytes(max_memory),
             always_scan=always_scan,
+            target_model=target_model,
             repro=out / "repro" if repro and out is not None else None,
             isolate_crashes=isolate_crashes,
             timeout=timeout,

@@ -85,16 +85,23 @@ def screen(
     crit: Criterion,
     stats: RunStats,
     parallel: bool = True,
+    target_model: LoadedModel | None = None,
 ) -> Observed:
-    """Plain runs of both backends, compared on the final outputs only."""
+    """Plain runs of both backends, compared on the final outputs only (those of both models
+    when the target runs ``target_model``)."""
+    other = target_model or loaded
     ref_out, tgt_out = run_pair(
         lambda: timed_run(ref, loaded.model, feeds, "ref", stats),
-        lambda: timed_run(target, loaded.model, feeds, "target", stats),
+        lambda: timed_run(target, other.model, feeds, "target", stats),
         parallel,
     )
-    shown = [n for n in loaded.outputs if _answered(n, ref, ref_out, target, tgt_out)]
+    names = [n for n in loaded.outputs if n in set(other.outputs)]
+    shown = [n for n in names if _answered(n, ref, ref_out, target, tgt_out)]
     if not shown:
-        raise BackendError("neither the reference nor the target holds any final output")
+        raise BackendError(
+            "no final output to compare: the models share no output name, or neither backend "
+            "holds one"
+        )
     return Observed(
         {n: compare_tensors(n, ref_out.get(n), tgt_out.get(n), crit) for n in shown},
         {n: tgt_out[n] for n in shown if n in tgt_out},

@@ -153,6 +153,8 @@ class BisectResult:
     search: SearchInfo | None = None
     chain: tuple[Any, ...] = ()  # ChainLink from the root cause towards the outputs
     repro: Any = None  # reduce.ReproInfo when a bundle was asked for
+    matching: Any = None  # matching.Matching when the target ran a different model
+    target_model: str = ""  # that other model
 
     @property
     def diverged(self) -> bool:
@@ -233,6 +235,8 @@ class BisectResult:
             "runs": dict(self.runs),
             "search": self.search.to_dict() if self.search else None,
             "repro": self.repro.to_dict() if self.repro is not None else None,
+            "target_model": self.target_model or None,
+            "tensor_matching": self.matching.to_dict() if self.matching is not None else None,
             "chain": [
                 {
                     "node": c.node,

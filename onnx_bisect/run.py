@@ -114,6 +114,16 @@ class TensorStore:
     def metas(self) -> Mapping[str, TensorMeta]:
         return self._meta
 
+    def subset(self, names: Sequence[str]) -> TensorStore:
+        """A store that answers only for ``names``, sharing this one's arrays and files."""
+        view = TensorStore(None)
+        view.directory = self.directory
+        keep = [n for n in names if n in self._meta]
+        view._meta = {n: self._meta[n] for n in keep}
+        view._arrays = {n: self._arrays[n] for n in keep if n in self._arrays}
+        view._files = {n: self._files[n] for n in keep if n in self._files}
+        return view
+
 
 def timed_run(
     backend: Backend,

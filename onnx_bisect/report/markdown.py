@@ -24,6 +24,10 @@ def render_markdown(result: BisectResult) -> str:
     lines += ["", "**Environment**", ""]
     lines += [f"- reference: `{result.ref.spec}` — {result.ref.description}"]
     lines += [f"- target: `{result.target.spec}` — {result.target.description}"]
+    if result.target_model:
+        lines += [f"- target model: `{result.target_model}` (reference model: `{result.model}`)"]
+    if result.matching is not None:
+        lines += [f"- {result.matching.summary()}"]
     lines += [f"- {k}: {v}" for k, v in result.versions.items()]
     inputs = ", ".join(f"`{k}` {list(v.shape)} {v.dtype}" for k, v in result.inputs.items())
     lines += [f"- inputs: {inputs} (saved in `inputs.npz`)"]

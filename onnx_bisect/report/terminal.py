@@ -28,6 +28,8 @@ _VERDICT_STYLE = {
 def print_summary(result: BisectResult, console: Console | None = None, top: int = 10) -> None:
     console = console or Console()
     head = f"[bold]{result.target.spec}[/] vs [bold]{result.ref.spec}[/] on {result.model}"
+    if result.target_model:
+        head += f" (the target runs {result.target_model})"
     if not result.diverged:
         console.print(
             f"[green]No divergence[/]: {head}: all {len(result.outputs)} output(s) pass "
