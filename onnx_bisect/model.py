@@ -86,13 +86,15 @@ class LoadedModel:
     not_probed: tuple[NotProbed, ...]
     notes: tuple[str, ...]
 
-    @property
+    @cached_property
     def probes(self) -> tuple[str, ...]:
         """Every top-level node output, in topological order."""
         return tuple(o for n in self.nodes for o in n.outputs)
 
-    @property
+    @cached_property
     def producer(self) -> dict[str, NodeInfo]:
+        # Cached: the search asks it once per tensor, and rebuilding it each time made
+        # isolation and window planning quadratic in the node count.
         return {o: n for n in self.nodes for o in n.outputs}
 
     @cached_property

@@ -204,14 +204,18 @@ def _reproduce(
         return None
     if crash:
         return None
-    diverged = [
-        t for t, ref in built.outputs.items() if compare_tensors(t, ref, out.get(t), crit).diverged
-    ]
+    diverged = _diverged(built.outputs, out, crit)
     if not diverged:
         return None
     if len(diverged) < len(built.outputs):
         return _build(loaded, feeds, store, cand, diverged)
     return built
+
+
+def _diverged(
+    expected: Mapping[str, npt.NDArray[Any]], got: Mapping[str, npt.NDArray[Any]], crit: Criterion
+) -> list[str]:
+    return [t for t, ref in expected.items() if compare_tensors(t, ref, got.get(t), crit).diverged]
 
 
 def _build(
@@ -312,7 +316,7 @@ def _rerun_in_process(
         return crash, f"crashed: {exc}"
     except BackendError as exc:
         return False, f"failed: {exc}"
-    bad = [t for t, r in expected.items() if compare_tensors(t, r, out.get(t), crit).diverged]
+    bad = _diverged(expected, out, crit)
     return (bool(bad) and not crash), f"diverged: {', '.join(bad)}" if bad else "no divergence"
 
 
