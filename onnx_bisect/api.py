@@ -41,6 +41,7 @@ from onnx_bisect.metrics import NOISE_EPS, NOISE_K, Comparison, Criterion, compa
 from onnx_bisect.model import (
     METADATA_OPS,
     LoadedModel,
+    constant_tensors,
     fix_input_shapes,
     load_model,
     prefix_model,
@@ -62,6 +63,7 @@ from onnx_bisect.result import (
 from onnx_bisect.run import RunStats, TensorStore, plan_chunks, timed_run
 from onnx_bisect.sandbox import SandboxBackend
 from onnx_bisect.search import CutSearch
+from onnx_bisect.transforms import TransformRecord, apply_transforms
 
 __all__ = [
     "DEFAULT_MAX_MEMORY",
@@ -140,6 +142,7 @@ def bisect(
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     loaded = load_model(model)
+    ref_spec, tgt_spec = _spec(ref), _spec(target)
     ref_b, tgt_b = _backend(ref, False, None), _backend(target, isolate_crashes, timeout)
     if inputs is None:
         # A dump carries the inputs it was made with; comparing other inputs would be noise.
@@ -150,13 +153,16 @@ def bisect(
         shapes=shapes,
         seed=seed,
     )
-    other = None
-    if target_model is not None:
-        other = load_model(target_model)
+    other = load_model(target_model) if target_model is not None else None
+    label = str(other.path or "<in-memory ModelProto>") if other else ""
+    transformed: list[TransformRecord] = []
+    if ref_spec is not None and ref_spec.transforms or tgt_spec is not None and tgt_spec.transforms:
+        loaded, other, label, transformed = _transformed(loaded, other, ref_spec, tgt_spec, feeds)
+    if other is not None:
         validate_feeds(feeds, input_specs(other.model))
     timings["load"] = time.perf_counter() - t0
     stats = RunStats()
-    notes = list(loaded.notes)
+    notes = list(loaded.notes) + [r.summary() for r in transformed]
 
     sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))
     float64_dir = tempfile.TemporaryDirectory(prefix="onnx-bisect-f64-")
@@ -170,8 +176,10 @@ def bisect(
         timings["float64"] = time.perf_counter() - t
     common: dict[str, Any] = {
         "model": str(loaded.path) if loaded.path else "<in-memory ModelProto>",
-        "ref": _info(ref_b),
-        "target": _info(tgt_b),
+        "ref": _info(ref_b, ref_spec),
+        "target": _info(tgt_b, tgt_spec),
+        "transforms": tuple(transformed),
+        "target_model": label,
         "criterion": crit,
         "outputs": (),
         "not_probed": loaded.not_probed,
@@ -201,7 +209,9 @@ def bisect(
     common["outputs"] = outputs
     timings["screen"] = time.perf_counter() - t
     diverged = screened.diverged
-    if not diverged and not always_scan:
+    # After a transform the per-tensor picture is the point (fp16's error curve, proof that
+    # no renamed tensor moved), so the scan runs even when the outputs agree.
+    if not diverged and not always_scan and not transformed:
         timings["total"] = time.perf_counter() - t0
         return BisectResult(
             verdict="match",
@@ -295,7 +305,6 @@ def bisect(
             # Only a scan's accumulated errors are the target's own result all along the graph.
             chain=_chain(other or loaded, nodes, cause, first) if used == "scan" else (),
             matching=matching,
-            target_model=str(other.path or "<in-memory ModelProto>") if other else "",
             repro=bundle,
             **common,
         )
@@ -336,14 +345,24 @@ def _by_models(
     target model's nodes isolated on the reference's values where those exist."""
     scan(ref, None, ctx.loaded, ctx.feeds, ctx.crit, sizes, budget, store, ctx.stats, False)
     matching = match_tensors(ctx.loaded, other)
+    pairs = matching.pairs
     shapes = {k: v.shape for k, v in ctx.feeds.items()}
     other_sizes = tensor_nbytes(fix_input_shapes(other.model, shapes))
     comparisons: dict[str, Comparison] = {}
-    for chunk in plan_chunks(list(matching.matched), other_sizes, budget):
+    for chunk in plan_chunks(list(pairs), other_sizes, budget):
         out = timed_run(target, with_outputs(other.model, chunk), ctx.feeds, "target", ctx.stats)
         for name in chunk:
-            comparisons[name] = compare_tensors(name, store.get(name), out.get(name), ctx.crit)
-    view = store.subset(matching.matched)
+            ref_value = store.get(pairs[name])
+            comparisons[name] = compare_tensors(name, ref_value, out.get(name), ctx.crit)
+    view = store.view(pairs)
+    # The target model's own constant arithmetic (weights folded at run time) has no
+    # counterpart; the reference backend computes it from the target model, so isolation
+    # still feeds every node trusted values.
+    own = [t for t in constant_tensors(other) if t not in view]
+    if own:
+        values = timed_run(ref, with_outputs(other.model, own), ctx.feeds, "ref", ctx.stats)
+        for name in own:
+            view.put(name, values[name])
     iso_budget = min(budget, ISOLATION_BATCH_BYTES)
     isolated = isolate(target, other, ctx.feeds, ctx.crit, iso_budget, view, ctx.stats)
     nodes = judge(other, comparisons, isolated, ctx.crit)
@@ -611,7 +630,7 @@ def _backend(b: BackendLike, isolate: bool | None, timeout: float | None) -> Bac
                 "so that a child process can build it"
             )
         return b
-    spec = parse_spec(b) if isinstance(b, str) else b
+    spec = (parse_spec(b) if isinstance(b, str) else b).without_transforms()
     backend = create_backend(spec)  # validates the spec and availability here, not in a child
     if isinstance(backend, ExecBackend):
         backend.timeout = timeout
@@ -719,8 +738,39 @@ def _crash_result(
     )
 
 
-def _info(b: Backend) -> BackendInfo:
-    return BackendInfo(b.spec.text, b.describe(), b.versions())
+def _info(b: Backend, spec: BackendSpec | None) -> BackendInfo:
+    # The spec as written, transforms included: the backend itself only knows the runtime part.
+    return BackendInfo(spec.text if spec else b.spec.text, b.describe(), b.versions())
+
+
+def _spec(b: BackendLike) -> BackendSpec | None:
+    if isinstance(b, str):
+        return parse_spec(b)
+    return b if isinstance(b, BackendSpec) else None
+
+
+def _transformed(
+    loaded: LoadedModel,
+    other: LoadedModel | None,
+    ref: BackendSpec | None,
+    target: BackendSpec | None,
+    feeds: Mapping[str, npt.NDArray[Any]],
+) -> tuple[LoadedModel, LoadedModel, str, list[TransformRecord]]:
+    """The reference and target models after their specs' ``+transform``s. The two then differ,
+    so the search matches tensors by name (a transform may rename or fuse them)."""
+    shapes = {k: v.shape for k, v in feeds.items()}
+    source = str(loaded.path or "<in-memory ModelProto>")
+    original, records = loaded, list[TransformRecord]()
+    if ref is not None and ref.transforms:
+        model, done = apply_transforms(loaded.model, ref.transforms, "ref", shapes)
+        loaded, records = load_model(model), [*records, *done]
+    target_source = other or original
+    label = str(other.path or "<in-memory ModelProto>") if other else source
+    if target is not None and target.transforms:
+        model, done = apply_transforms(target_source.model, target.transforms, "target", shapes)
+        other, records = load_model(model), [*records, *done]
+        label += "".join(f" +{t}" for t in target.transforms)
+    return loaded, other or original, label, records
 
 
 def environment(*backends: Backend) -> dict[str, str]:

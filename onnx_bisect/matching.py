@@ -11,10 +11,10 @@ with the reason.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from onnx_bisect.model import LoadedModel
+from onnx_bisect.model import LoadedModel, NodeInfo
 
 __all__ = ["Matching", "match_tensors"]
 
@@ -25,6 +25,14 @@ class Matching:
     excluded: dict[str, str]  # name -> why the same name does not mean the same tensor
     only_ref: tuple[str, ...]
     only_target: tuple[str, ...]
+    # target tensor -> the reference tensor it is compared with: the matched names, plus
+    # renamed or re-meant tensors whose counterpart the kept nodes around them reveal
+    pairs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def paired(self) -> dict[str, str]:
+        """The pairs that are not a shared name."""
+        return {t: r for t, r in self.pairs.items() if t != r}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -32,19 +40,22 @@ class Matching:
             "excluded": [{"tensor": t, "reason": r} for t, r in self.excluded.items()],
             "only_in_reference_model": len(self.only_ref),
             "only_in_target_model": len(self.only_target),
+            "paired_by_position": [{"target": t, "reference": r} for t, r in self.paired.items()],
         }
 
     def summary(self) -> str:
         return (
             f"tensors matched by name: {len(self.matched)}; excluded (same name, different "
             f"meaning): {len(self.excluded)}; only in the reference model: {len(self.only_ref)};"
-            f" only in the target model: {len(self.only_target)}"
+            f" only in the target model: {len(self.only_target)}; compared with a renamed "
+            f"counterpart: {len(self.paired)}"
         )
 
 
 def match_tensors(ref: LoadedModel, target: LoadedModel) -> Matching:
     ref_producer, tgt_producer = ref.producer, target.producer
-    alias = _aliases(ref, target)
+    alias, confirmed = _aliases(ref, target)
+    ref_names = {n.name for n in ref.nodes}
     matched: list[str] = []
     excluded: dict[str, str] = {}
     for name in target.probes:
@@ -57,6 +68,13 @@ def match_tensors(ref: LoadedModel, target: LoadedModel) -> Matching:
                 f"the name was kept, but its readers read {held} in the reference model: it "
                 f"holds {held}'s value"
             )
+        elif _recast(t, ref_names) and alias.get(t.inputs[0], t.inputs[0]) == name:
+            # A Cast the transform inserted (fp16 keep_io_types) re-types the same value.
+            matched.append(name)
+        elif name in confirmed:
+            # Kept readers read it in both models: whatever now makes it (a fused node), the
+            # name still holds what they consume.
+            matched.append(name)
         elif r.op_type != t.op_type:
             excluded[name] = f"made by {r.op_type} in the reference model, {t.op_type} here"
         elif [alias.get(i, i) for i in t.inputs] != list(r.inputs):
@@ -67,27 +85,54 @@ def match_tensors(ref: LoadedModel, target: LoadedModel) -> Matching:
         else:
             matched.append(name)
     shared = set(matched) | set(excluded)
+    known, matched_set = set(ref.probes), set(matched)
+    pairs = {
+        name: name if name in matched_set else alias[name]
+        for name in target.probes
+        if name in matched_set or (alias.get(name, name) != name and alias[name] in known)
+    }
     return Matching(
         tuple(matched),
         excluded,
         tuple(n for n in ref.probes if n not in shared),
         tuple(n for n in target.probes if n not in shared),
+        pairs,
     )
 
 
-def _aliases(ref: LoadedModel, target: LoadedModel) -> dict[str, str]:
-    """Target tensor -> the reference tensor it stands for, from nodes kept by name and op."""
+def _aliases(ref: LoadedModel, target: LoadedModel) -> tuple[dict[str, str], set[str]]:
+    """Target tensor -> the reference tensor it stands for, from nodes kept by name and op;
+    and the names such nodes read under the same name in both models (confirmed)."""
     by_name = {n.name: n for n in ref.nodes}
     alias: dict[str, str] = {}
+    confirmed: set[str] = set()
     ambiguous: set[str] = set()
     for t in target.nodes:
         r = by_name.get(t.name)
         if r is None or r.op_type != t.op_type or len(r.inputs) != len(t.inputs):
             continue
-        for mine, theirs in zip(t.inputs, r.inputs, strict=True):
-            if mine == theirs or mine in target.initializers or theirs in ref.initializers:
+        pairs = list(zip(t.inputs, r.inputs, strict=True))
+        if len(r.outputs) == len(t.outputs) and t.inputs:
+            # A kept node whose output was renamed still computes the same tensor. Not for
+            # Constants: exporters number their outputs globally, so a name there says nothing.
+            pairs += zip(t.outputs, r.outputs, strict=True)
+        for mine, theirs in pairs:
+            if mine in target.initializers or theirs in ref.initializers:
+                continue
+            if mine == theirs:
+                confirmed.add(mine)
                 continue
             if alias.get(mine, theirs) != theirs:
                 ambiguous.add(mine)
             alias[mine] = theirs
-    return {k: v for k, v in alias.items() if k not in ambiguous}
+    # Readers that disagree about what a name holds leave it unexplained.
+    ambiguous |= confirmed & set(alias)
+    return (
+        {k: v for k, v in alias.items() if k not in ambiguous},
+        confirmed - ambiguous,
+    )
+
+
+def _recast(node: NodeInfo, ref_names: set[str]) -> bool:
+    """A Cast or Identity that the reference model does not have: a value passed through."""
+    return node.op_type in ("Cast", "Identity") and node.name not in ref_names

@@ -374,6 +374,24 @@ def live_tensors(loaded: LoadedModel, position: int) -> list[str]:
 
 # Ops that read only a tensor's metadata: a reader of this kind does not observe the values.
 METADATA_OPS = frozenset({"Shape", "Size"})
+# Ops whose output is not a function of their inputs: never treated as constants.
+_NONDETERMINISTIC = frozenset(
+    {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial"}
+)
+
+
+def constant_tensors(loaded: LoadedModel) -> tuple[str, ...]:
+    """Tensors computed from initializers alone (an optimizer that folds BatchNorm into a
+    Conv at run time leaves such arithmetic): they are the same on every input."""
+    known = set(loaded.initializers)
+    found: list[str] = []
+    for n in loaded.nodes:
+        if n.op_type in _NONDETERMINISTIC or n.implicit_inputs:
+            continue
+        if all(t == "" or t in known for t in n.inputs):
+            known.update(n.outputs)
+            found += [o for o in n.outputs if o]
+    return tuple(found)
 
 
 def window_exits(loaded: LoadedModel, nodes: Sequence[NodeInfo]) -> list[str]:

@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from onnx_bisect.curve import CurvePoint, error_curve
 from onnx_bisect.metrics import Comparison, Criterion
 from onnx_bisect.model import NotProbed
+from onnx_bisect.transforms import TransformRecord
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -155,6 +157,12 @@ class BisectResult:
     repro: Any = None  # reduce.ReproInfo when a bundle was asked for
     matching: Any = None  # matching.Matching when the target ran a different model
     target_model: str = ""  # that other model
+    transforms: tuple[TransformRecord, ...] = ()  # +NAME suffixes applied to either model
+    task_checks: tuple[Any, ...] = ()  # topk.TopKCheck per output, when asked for
+
+    def error_curve(self, segments: int = 24) -> tuple[CurvePoint, ...]:
+        """Accumulated error along the graph, worst per segment: how the error grows."""
+        return error_curve(self.nodes, segments)
 
     @property
     def diverged(self) -> bool:
@@ -237,6 +245,9 @@ class BisectResult:
             "repro": self.repro.to_dict() if self.repro is not None else None,
             "target_model": self.target_model or None,
             "tensor_matching": self.matching.to_dict() if self.matching is not None else None,
+            "transforms": [t.to_dict() for t in self.transforms],
+            "task_checks": [c.to_dict() for c in self.task_checks],
+            "error_curve": [p.to_dict() for p in self.error_curve()],
             "chain": [
                 {
                     "node": c.node,

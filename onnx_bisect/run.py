@@ -116,12 +116,17 @@ class TensorStore:
 
     def subset(self, names: Sequence[str]) -> TensorStore:
         """A store that answers only for ``names``, sharing this one's arrays and files."""
+        return self.view({n: n for n in names})
+
+    def view(self, names: Mapping[str, str]) -> TensorStore:
+        """A store answering under each key for the tensor its value names here (another
+        model's name for the same tensor), sharing this one's arrays and files."""
         view = TensorStore(None)
         view.directory = self.directory
-        keep = [n for n in names if n in self._meta]
-        view._meta = {n: self._meta[n] for n in keep}
-        view._arrays = {n: self._arrays[n] for n in keep if n in self._arrays}
-        view._files = {n: self._files[n] for n in keep if n in self._files}
+        keep = {k: v for k, v in names.items() if v in self._meta}
+        view._meta = {k: self._meta[v] for k, v in keep.items()}
+        view._arrays = {k: self._arrays[v] for k, v in keep.items() if v in self._arrays}
+        view._files = {k: self._files[v] for k, v in keep.items() if v in self._files}
         return view
 
 

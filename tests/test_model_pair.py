@@ -77,6 +77,10 @@ def test_a_name_that_changed_meaning_is_excluded_not_flagged() -> None:
     assert set(result.matching.excluded) == {"conv_out"}
     assert "holds bn_out's value" in result.matching.excluded["conv_out"]
     assert result.matching.matched == ("y",)
+    # ...and still compared, with the reference tensor it now holds.
+    assert result.matching.pairs == {"conv_out": "bn_out", "y": "y"}
+    conv = next(n for n in result.nodes if n.name == "conv")
+    assert conv.accumulated is not None and not conv.diverged
     report = result.to_dict()["tensor_matching"]
     assert report["excluded"][0]["tensor"] == "conv_out"
     assert any("excluded conv_out" in n for n in result.notes)
@@ -111,4 +115,8 @@ def test_a_transform_that_changes_results_is_still_reported() -> None:
             t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) + 0.5, "B_f"))
     result = onnx_bisect.bisect(_conv_bn(False), target="cpu", target_model=broken)
     assert result.verdict == "diverged"
-    assert result.first_divergence is not None and result.first_divergence.name == "relu"
+    # conv_out is compared with bn_out, the value it now holds: the fused Conv itself is named.
+    assert result.matching is not None and result.matching.paired == {"conv_out": "bn_out"}
+    assert result.first_divergence is not None and result.first_divergence.name == "conv"
+    assert result.root_cause is not None and result.root_cause.nodes == ("conv",)
+    assert result.root_cause.kind == "culprit"

@@ -20,6 +20,7 @@ import numpy.typing as npt
 import onnx
 
 from onnx_bisect.errors import BackendError, BackendUnavailableError, OnnxBisectError, SpecError
+from onnx_bisect.transforms import parse_transform
 
 __all__ = [
     "ALIASES",
@@ -66,6 +67,12 @@ class BackendSpec:
     def option(self, key: str, default: str | None = None) -> str | None:
         return self.options.get(key, default)
 
+    def without_transforms(self) -> BackendSpec:
+        """The runtime part alone: transforms rewrite the model, not the backend."""
+        if not self.transforms:
+            return self
+        return replace(self, text=self.text.split("+", 1)[0].strip(), transforms=())
+
     def check_options(self, allowed: Sequence[str]) -> None:
         unknown = sorted(set(self.options) - set(allowed))
         if unknown:
@@ -107,6 +114,9 @@ def parse_spec(text: str) -> BackendSpec:
             raise SpecError(f"backend {text!r}: alias {name!r} already names a device")
         name, device = ALIASES[name]
     options = _options(text, m["query"] or "")
+    for t in transforms:
+        if t.strip():
+            parse_transform(t)  # an unknown transform is a usage error, caught before any run
     return BackendSpec(
         text=raw,
         name=name,
@@ -244,6 +254,9 @@ _BUILTIN = (
     Adapter("ort", "onnx_bisect.adapters.ort:OrtBackend", "ONNX Runtime (any execution provider)"),
     Adapter("ref", "onnx_bisect.adapters.reference:ReferenceBackend", "onnx.reference evaluator"),
     Adapter("openvino", "onnx_bisect.adapters.openvino:OpenVinoBackend", "OpenVINO runtime"),
+    Adapter(
+        "tract", "onnx_bisect.adapters.tract:TractBackend", "tract (Sonos), via its Python bindings"
+    ),
     Adapter("exec", "onnx_bisect.adapters.exec:ExecBackend", "any program: exec:CMD protocol"),
     Adapter("dump", "onnx_bisect.adapters.dump:DumpBackend", "tensors dumped earlier: dump:DIR"),
     Adapter("torch", "onnx_bisect.adapters.unavailable:TorchBackend", "torch (mps/cuda/cpu)"),
@@ -265,9 +278,10 @@ def create_backend(spec: str | BackendSpec) -> Backend:
     """Build a backend from a spec; unknown names and unusable backends raise clearly."""
     parsed = parse_spec(spec) if isinstance(spec, str) else spec
     if parsed.transforms:
+        # A backend runs whatever model it is given; bisect() applies the transforms.
         raise SpecError(
             f"backend {parsed.text!r}: model transforms (+{', +'.join(parsed.transforms)}) "
-            "are not supported yet"
+            "rewrite the model, not the runtime; pass the spec to bisect() or the CLI"
         )
     if parsed.name == "file":
         return _from_file(parsed)(parsed)

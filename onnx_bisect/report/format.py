@@ -6,7 +6,7 @@ import math
 
 from onnx_bisect.result import BisectResult, NodeResult
 
-__all__ = ["chain_line", "fmt", "fmt_amp", "node_label", "search_line"]
+__all__ = ["chain_line", "curve_lines", "fmt", "fmt_amp", "node_label", "search_line"]
 
 
 def fmt(x: float | None) -> str:
@@ -62,3 +62,28 @@ def chain_line(result: BisectResult, most: int = 6) -> str:
             + f" ({growth}{tail})"
         )
     )
+
+
+def curve_lines(result: BisectResult, width: int = 40) -> list[str]:
+    """The error curve as text bars on a log scale, one line per segment of the graph:
+    ``#0-7   ! ########      3.1e-04  Conv /stem/conv``; ``!`` marks a divergent segment."""
+    points = result.error_curve()
+    if len(points) < 2:
+        return []
+    positive = [p.error for p in points if p.error > 0]
+    if not positive:
+        return []
+    # The scale spans the errors seen, a decade below the smallest: shape, not absolute size.
+    top = max(positive)
+    floor = max(min(positive) / 10, top * 1e-9)
+    span = math.log10(top) - math.log10(floor)
+    label_width = max(len(f"#{p.first}-{p.last}") for p in points)
+    lines = [f"accumulated rel_l2, worst node per segment (log scale, {fmt(floor)} .. {fmt(top)})"]
+    for p in points:
+        level = (math.log10(max(p.error, floor)) - math.log10(floor)) / span
+        bar = "#" * round(level * width)
+        where = f"#{p.first}-{p.last}".ljust(label_width)
+        mark = "!" if p.diverged else " "
+        name = p.node if len(p.node) <= 36 else "…" + p.node[-35:]
+        lines.append(f"{where} {mark} {bar.ljust(width)} {fmt(p.error):>9}  {p.op_type} {name}")
+    return lines

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from onnx_bisect.report.format import chain_line, fmt, fmt_amp, node_label, search_line
+from onnx_bisect.report.format import (
+    chain_line,
+    curve_lines,
+    fmt,
+    fmt_amp,
+    node_label,
+    search_line,
+)
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
@@ -26,6 +33,7 @@ def render_markdown(result: BisectResult) -> str:
     lines += [f"- target: `{result.target.spec}` — {result.target.description}"]
     if result.target_model:
         lines += [f"- target model: `{result.target_model}` (reference model: `{result.model}`)"]
+    lines += [f"- transform: {t.summary()}" for t in result.transforms]
     if result.matching is not None:
         lines += [f"- {result.matching.summary()}"]
     lines += [f"- {k}: {v}" for k, v in result.versions.items()]
@@ -39,6 +47,10 @@ def render_markdown(result: BisectResult) -> str:
             f"| `{c.tensor}` | {c.status.value} | {fmt(c.metrics.get('rel_l2'))} | "
             f"{fmt(c.metrics.get('max_abs'))} | {_cell(c.reason)} |"
         )
+    curve = curve_lines(result)
+    if curve:
+        lines += ["", "**Error curve** (`!` = segment holds a divergent tensor)", "", "```text"]
+        lines += [*curve, "```"]
     if result.nodes:
         lines += ["", f"**Top {TOP_K} nodes by accumulated error**", ""]
         lines += render_table(result, result.top(TOP_K))

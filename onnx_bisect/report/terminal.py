@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from onnx_bisect.report.format import chain_line, fmt, fmt_amp, search_line
+from onnx_bisect.report.format import chain_line, curve_lines, fmt, fmt_amp, search_line
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult
@@ -81,6 +81,11 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
                 fmt_amp(n.amplification),
             )
         console.print(table)
+    if result.transforms and curve_lines(result):
+        # A transform's error is spread over the graph: the curve shows where it grows.
+        console.print("[bold]Error curve[/]")
+        for line in curve_lines(result):
+            console.print(line, markup=False, highlight=False)
     for note in result.notes:
         console.print(f"[dim]note:[/] {note}")
     if result.search is not None:
