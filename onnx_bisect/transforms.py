@@ -11,14 +11,17 @@ repair of what onnxconverter-common gets wrong (see ``_repair_fp16_casts``).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import signal
+import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -98,22 +101,60 @@ def apply_transforms(
     current = model
     for t in transforms:
         parsed = parse_transform(t) if isinstance(t, str) else t
-        kind = TRANSFORMS[parsed.name]
-        tool = _tool(parsed, kind.package)
+        tool = _tool(parsed, TRANSFORMS[parsed.name].package)
         before = len(current.graph.node)
-        copy = onnx.ModelProto()
-        copy.CopyFrom(current)
-        try:
-            current, notes = kind.apply(copy, parsed.arg, dict(shapes or {}))
-        except (SpecError, BackendUnavailableError):
-            raise
-        except Exception as exc:
-            message = " ".join(str(exc).split())[:300] or type(exc).__name__
-            raise ModelLoadError(f"transform +{parsed.text} failed: {message}") from exc
+        current, notes = _in_child(current, parsed, tool, dict(shapes or {}))
         record = TransformRecord(role, parsed.text, tool, before, len(current.graph.node), notes)
         log.info("%s", record.summary())
         records.append(record)
     return current, tuple(records)
+
+
+def _in_child(
+    model: onnx.ModelProto, t: Transform, tool: str, shapes: dict[str, Sequence[int]]
+) -> tuple[onnx.ModelProto, Notes]:
+    """One transform in ``python -m onnx_bisect.transforms``: the optimizers' C++ cores can
+    crash (onnxoptimizer segfaults on BatchNorm parameters given as Constant value_floats),
+    and a crash there must not take the diagnosis down with it (see ``transform_child``)."""
+    from onnx_bisect.model import save_model
+
+    with tempfile.TemporaryDirectory(prefix="onnx-bisect-transform-") as tmp:
+        src = save_model(model, Path(tmp), "in.onnx")
+        out = Path(tmp) / "out"
+        argv = [sys.executable, "-m", "onnx_bisect.transform_child", str(src), str(out), t.text]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        proc = subprocess.run(
+            [*argv, json.dumps({k: list(v) for k, v in shapes.items()})],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
+        if proc.stdout.strip() or proc.stderr.strip():
+            log.debug("+%s printed:\n%s%s", t.text, proc.stdout, proc.stderr)
+        if proc.returncode < 0:
+            raise ModelLoadError(
+                f"transform +{t.text} crashed ({_signal(-proc.returncode)}) on this model: "
+                f"a bug in {tool}, not in the model or the backends"
+            )
+        lines = proc.stderr.strip().splitlines()
+        message = lines[-1] if lines else f"exit code {proc.returncode}"
+        if proc.returncode == EXIT_SPEC:
+            raise SpecError(message)
+        if proc.returncode != 0:
+            raise ModelLoadError(f"transform +{t.text} failed: {message}")
+        notes = tuple(json.loads((out / "notes.json").read_text()))
+        return onnx.load(str(out / "model.onnx")), notes
+
+
+EXIT_SPEC, EXIT_FAILED = 2, 1  # the child's exit codes
+
+
+def _signal(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _tool(t: Transform, package: str) -> str:
@@ -226,34 +267,8 @@ def _onnxsim(model: onnx.ModelProto, arg: str | None, shapes: dict[str, Sequence
 
     fixed = {k: list(v) for k, v in shapes.items()}
     # check_n=0: whether the copy agrees is what onnx-bisect itself is here to find out.
-    with _native_output_logged("onnxsim"):
-        simplified, _ = onnxsim.simplify(model, check_n=0, overwrite_input_shapes=fixed or None)
+    simplified, _ = onnxsim.simplify(model, check_n=0, overwrite_input_shapes=fixed or None)
     return simplified, ()
-
-
-@contextmanager
-def _native_output_logged(tool: str) -> Iterator[None]:
-    """onnxsim's C++ core prints warnings straight to file descriptors 1 and 2, which would
-    land in the middle of the report; they go to the debug log instead."""
-    with tempfile.TemporaryFile() as sink:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        saved = [os.dup(1), os.dup(2)]
-        try:
-            os.dup2(sink.fileno(), 1)
-            os.dup2(sink.fileno(), 2)
-            yield
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
-            sink.seek(0)
-            text = sink.read().decode(errors="replace").strip()
-            if text:
-                log.debug("%s printed:\n%s", tool, text)
 
 
 def _onnxslim(model: onnx.ModelProto, arg: str | None, shapes: dict[str, Sequence[int]]) -> Any:

@@ -1,0 +1,208 @@
+"""`+transform` suffixes: the model is rewritten, then compared with the original by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from typer.testing import CliRunner
+
+import onnx_bisect
+from onnx_bisect.adapters.base import create_backend, parse_spec
+from onnx_bisect.cli import bisect_app
+from onnx_bisect.errors import SpecError
+from onnx_bisect.transforms import apply_transforms, parse_transform
+from tests.models import YOLO, make
+
+pytest.importorskip("onnxconverter_common")
+pytest.importorskip("onnxoptimizer")
+pytest.importorskip("onnxslim")
+
+
+def _shape_arithmetic() -> onnx.ModelProto:
+    """x * float(x.shape[1]): a Cast(to=FLOAT) of shape arithmetic, as in YOLOv8n's anchors."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("Gather", ["s", "idx"], ["g"], name="gather", axis=0),
+        helper.make_node("Cast", ["g"], ["c"], name="cast", to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["x", "c"], ["y"], name="mul"),
+        helper.make_node("Relu", ["y"], ["out"], name="relu"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])
+    idx = numpy_helper.from_array(np.array(1, dtype=np.int64), "idx")
+    return onnx.shape_inference.infer_shapes(make(nodes, [x], [out], [idx]))
+
+
+def _ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return np.asarray(sess.run(None, {"x": x})[0])
+
+
+def test_spec_grammar_and_errors() -> None:
+    spec = parse_spec("cpu?opt=basic+onnxoptimizer=fuse_bn_into_conv,eliminate_identity+fp16")
+    assert spec.transforms == ("onnxoptimizer=fuse_bn_into_conv,eliminate_identity", "fp16")
+    assert spec.without_transforms().text == "cpu?opt=basic"
+    assert parse_transform("opset=18").arg == "18"
+    for bad in ("cpu+bogus", "cpu+opset", "cpu+onnxsim=1", "cpu+fp16=x"):
+        with pytest.raises(SpecError):
+            parse_spec(bad)
+    with pytest.raises(SpecError, match="rewrite the model"):
+        create_backend("cpu+fp16")
+
+
+def test_the_converter_mislabels_a_kept_cast_and_the_repair_fixes_it() -> None:
+    from onnxconverter_common import float16
+
+    model = _shape_arithmetic()
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    raw = float16.convert_float_to_float16(model, keep_io_types=True)
+    # The failure being repaired: ORT refuses the converter's own output.
+    with pytest.raises(Exception, match="float16|Type"):
+        _ort(raw, x)
+    fixed, records = apply_transforms(model, ["fp16"], "target")
+    assert records[0].notes and "repaired 1 Cast" in records[0].notes[0]
+    np.testing.assert_allclose(_ort(fixed, x), _ort(model, x), rtol=2e-3, atol=1e-3)
+    assert len(model.graph.node) == 5  # the caller's model is left alone
+
+
+def test_fp16_on_the_detector_reports_the_error_curve(tmp_path: Path) -> None:
+    result = onnx_bisect.bisect(YOLO, target="cpu+fp16")
+    # fp16 rounding stays under 1e-3 at the output, but the scan still runs: the curve is
+    # what a transform comparison is for.
+    assert result.verdict == "match"
+    assert result.target.spec == "cpu+fp16"
+    assert [t.text for t in result.transforms] == ["fp16"]
+    assert result.matching is not None and not result.matching.excluded
+    curve = result.error_curve()
+    assert sum(p.error > 0 for p in curve) > 10
+    assert max(p.error for p in curve) < 0.05  # fp16-sized, not a broken kernel
+    assert not result.culprits()
+    result.write(tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "**Error curve**" in report and "+fp16: onnxconverter-common" in report
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["transforms"][0]["tool"].startswith("onnxconverter-common")
+    assert len(data["error_curve"]) == len(curve)
+
+
+@pytest.mark.parametrize(
+    "transform", ["onnxoptimizer=fuse_bn_into_conv", "onnxoptimizer", "onnxslim", "opset=18"]
+)
+def test_an_optimized_copy_of_the_detector_shows_no_false_divergence(transform: str) -> None:
+    result = onnx_bisect.bisect(YOLO, target=f"cpu+{transform}")
+    assert result.verdict == "match", result.notes
+    assert result.nodes, "the scan runs after a transform"
+    assert not [n.name for n in result.nodes if n.diverged]
+    assert result.matching is not None and len(result.matching.pairs) > 90
+
+
+def test_onnxsim_copy_of_the_detector() -> None:
+    pytest.importorskip("onnxsim")
+    result = onnx_bisect.bisect(YOLO, target="cpu+onnxsim")
+    assert result.verdict == "match"
+    assert not [n.name for n in result.nodes if n.diverged]
+
+
+def _one_weight_changed(tmp_path: Path, node: str = "/down1/conv/Conv") -> Path:
+    model = onnx.load(str(YOLO))
+    conv = next(n for n in model.graph.node if n.name == node)
+    init = next(t for t in model.graph.initializer if t.name == conv.input[1])
+    w = numpy_helper.to_array(init).copy()
+    w.flat[0] += 20 * np.abs(w).max()
+    init.CopyFrom(numpy_helper.from_array(w, init.name))
+    path = tmp_path / "changed.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("transform", ["onnxoptimizer=fuse_bn_into_conv", "onnxslim", "fp16"])
+def test_a_planted_fault_survives_the_transform_and_is_named(
+    tmp_path: Path, transform: str
+) -> None:
+    """A changed weight in the target copy, then the transform: the fused Conv that now
+    computes Conv+BN is compared with the BatchNorm's output it stands for, and named."""
+    changed = _one_weight_changed(tmp_path)
+    result = onnx_bisect.bisect(YOLO, target=f"cpu+{transform}", target_model=changed)
+    assert result.verdict == "diverged"
+    assert result.root_cause is not None and result.root_cause.kind == "culprit"
+    culprit = next(n for n in result.nodes if n.name == result.root_cause.nodes[0])
+    assert culprit.op_type == "Conv"
+    # The culprit reads the input of the planted Conv: it is that Conv, however renamed.
+    stage_input = "/stem/Mul_output_0"
+    assert stage_input in culprit.inputs
+
+
+def test_a_transform_on_the_reference_side() -> None:
+    result = onnx_bisect.bisect(YOLO, ref="cpu+onnxslim", target="cpu")
+    assert result.verdict == "match"
+    assert result.transforms[0].role == "ref"
+    assert result.ref.spec == "cpu+onnxslim"
+
+
+def test_cli_transform_and_its_errors(tmp_path: Path) -> None:
+    runner = CliRunner()
+    ok = runner.invoke(
+        bisect_app, [str(YOLO), "-t", "cpu+onnxslim", "--no-repro", "-o", str(tmp_path / "r")]
+    )
+    assert ok.exit_code == 0, ok.output
+    assert "+onnxslim" in ok.stdout
+    bad = runner.invoke(bisect_app, [str(YOLO), "-t", "cpu+bogus"])
+    assert bad.exit_code == 2
+    assert "unknown transform +bogus" in bad.output and "Traceback" not in bad.output
+    wrong = runner.invoke(bisect_app, [str(YOLO), "-t", "cpu+onnxoptimizer=no_such_pass"])
+    assert wrong.exit_code == 2 and "no_such_pass" in wrong.output
+
+
+def test_a_missing_transform_package_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import PackageNotFoundError
+
+    import onnx_bisect.transforms as transforms
+
+    def missing(name: str) -> str:
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(transforms, "version", missing)
+    res = CliRunner().invoke(bisect_app, [str(YOLO), "-t", "cpu+onnxslim"])
+    assert res.exit_code == 2
+    assert "needs the onnxslim package" in res.output
+
+
+def _bn_params_as_constant_floats() -> onnx.ModelProto:
+    """Conv -> BatchNormalization whose parameters are Constant(value_floats=...) nodes:
+    onnxoptimizer 0.4.2's fuse_bn_into_conv dereferences a null tensor there and segfaults."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((2, 3, 1, 1)).astype(np.float32), "w")
+    params = {"s": [1.0, 2.0], "b": [0.1, 0.2], "m": [0.0, 0.5], "v": [1.0, 1.5]}
+    nodes = [
+        helper.make_node("Constant", [], [k], name=f"const_{k}", value_floats=v)
+        for k, v in params.items()
+    ]
+    nodes += [
+        helper.make_node("Conv", ["x", "w"], ["conv_out"], name="conv"),
+        helper.make_node("BatchNormalization", ["conv_out", *params], ["y"], name="bn"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])
+    return make(nodes, [x], [y], [w])
+
+
+def test_a_crashing_optimizer_is_one_clear_line(tmp_path: Path) -> None:
+    path = tmp_path / "bn_constant_floats.onnx"
+    onnx.save(_bn_params_as_constant_floats(), str(path))
+    plain = CliRunner().invoke(bisect_app, [str(path), "-t", "cpu", "--no-repro"])
+    assert plain.exit_code == 0, plain.output  # the model itself is fine
+    res = CliRunner().invoke(
+        bisect_app, [str(path), "-t", "cpu+onnxoptimizer=fuse_bn_into_conv", "--no-repro"]
+    )
+    if res.exit_code == 0:
+        pytest.skip("this onnxoptimizer no longer crashes here (0.4.2 did)")
+    assert res.exit_code == 2, res.output
+    assert "transform +onnxoptimizer=fuse_bn_into_conv crashed (SIGSEGV)" in res.output
+    assert "a bug in onnxoptimizer" in res.output
+    assert "Traceback" not in res.output
