@@ -63,6 +63,7 @@ from onnx_bisect.result import (
 from onnx_bisect.run import RunStats, TensorStore, plan_chunks, timed_run
 from onnx_bisect.sandbox import SandboxBackend
 from onnx_bisect.search import CutSearch
+from onnx_bisect.topk import TopKSpec, parse_topk, topk_checks
 from onnx_bisect.transforms import TransformRecord, apply_transforms
 
 __all__ = [
@@ -106,6 +107,7 @@ def bisect(
     timeout: float | None = None,
     repro: str | os.PathLike[str] | None = None,
     target_model: str | os.PathLike[str] | onnx.ModelProto | None = None,
+    topk: Sequence[str | TopKSpec] = (),
     command: str = "",
 ) -> BisectResult:
     """Find the first node where ``target`` departs from ``ref`` and the node that causes it.
@@ -125,6 +127,8 @@ def bisect(
     to the node that causes it; ``timeout`` (seconds per target run) turns a hang into a crash.
     ``target_model`` runs a different model on the target (an optimized copy, say) and matches
     tensors by name, leaving out names whose meaning changed.
+    ``topk`` adds task-level checks on the final outputs (``"5:logits"``: do the top-5
+    labels agree per row?); they are reported and do not change the verdict.
     ``repro`` names a directory for a minimal repro bundle (ONNX test case + ``repro.py``),
     written and verified when the outputs diverge.
     Raises ``OnnxBisectError`` subclasses for bad input and unusable backends.
@@ -141,7 +145,9 @@ def bisect(
         raise InputError(str(exc)) from None
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
+    topk_specs = [parse_topk(t) if isinstance(t, str) else t for t in topk]
     loaded = load_model(model)
+    _check_topk_outputs(topk_specs, loaded)
     ref_spec, tgt_spec = _spec(ref), _spec(target)
     ref_b, tgt_b = _backend(ref, False, None), _backend(target, isolate_crashes, timeout)
     if inputs is None:
@@ -207,6 +213,7 @@ def bisect(
         return _with_bundle_docs(replace(result, repro=crash_bundle, runs=dict(stats.runs)))
     outputs = tuple(screened.comparisons.values())
     common["outputs"] = outputs
+    common["task_checks"] = topk_checks(topk_specs, screened.ref_outputs, screened.target_outputs)
     timings["screen"] = time.perf_counter() - t
     diverged = screened.diverged
     # After a transform the per-tensor picture is the point (fp16's error curve, proof that
@@ -741,6 +748,15 @@ def _crash_result(
 def _info(b: Backend, spec: BackendSpec | None) -> BackendInfo:
     # The spec as written, transforms included: the backend itself only knows the runtime part.
     return BackendInfo(spec.text if spec else b.spec.text, b.describe(), b.versions())
+
+
+def _check_topk_outputs(specs: Sequence[TopKSpec], loaded: LoadedModel) -> None:
+    for spec in specs:
+        if spec.output is not None and spec.output not in loaded.outputs:
+            known = ", ".join(loaded.outputs)
+            raise InputError(
+                f"--topk {spec.text}: the model has no output {spec.output!r} (outputs: {known})"
+            )
 
 
 def _spec(b: BackendLike) -> BackendSpec | None:

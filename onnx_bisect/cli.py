@@ -119,6 +119,13 @@ def run_command(
     always_scan: Annotated[
         bool, typer.Option(help="Scan and isolate even when the final outputs agree.")
     ] = False,
+    topk: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Task-level check: top-K label agreement, K[:OUTPUT][@AXIS][[START:STOP]] "
+            "(e.g. 5:logits, 1:output0@1[4:]). Repeatable; reported, not a verdict.",
+        ),
+    ] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write reports here.")] = None,
     repro: Annotated[
         bool,
@@ -160,6 +167,7 @@ def run_command(
             max_memory=parse_bytes(max_memory),
             always_scan=always_scan,
             target_model=target_model,
+            topk=topk or (),
             repro=out / "repro" if repro and out is not None else None,
             isolate_crashes=isolate_crashes,
             timeout=timeout,

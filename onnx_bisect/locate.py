@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -71,6 +71,7 @@ class Observed:
 
     comparisons: Mapping[str, Comparison]
     target_outputs: Mapping[str, npt.NDArray[Any]]
+    ref_outputs: Mapping[str, npt.NDArray[Any]] = field(default_factory=dict)
 
     @property
     def diverged(self) -> bool:
@@ -105,6 +106,7 @@ def screen(
     return Observed(
         {n: compare_tensors(n, ref_out.get(n), tgt_out.get(n), crit) for n in shown},
         {n: tgt_out[n] for n in shown if n in tgt_out},
+        {n: ref_out[n] for n in shown if n in ref_out},
     )
 
 

@@ -47,6 +47,22 @@ def render_markdown(result: BisectResult) -> str:
             f"| `{c.tensor}` | {c.status.value} | {fmt(c.metrics.get('rel_l2'))} | "
             f"{fmt(c.metrics.get('max_abs'))} | {_cell(c.reason)} |"
         )
+    if result.task_checks:
+        lines += ["", "**Task-level check** (top-k labels; informative, not part of the verdict)"]
+        lines += ["", "| output | check | rows | top-1 agree | top-k overlap | rows changed |"]
+        lines += ["|---|---|---|---|---|---|"]
+        for c in result.task_checks:
+            lines.append(
+                f"| `{c.output}` | top-{c.k} `{c.spec}` | {c.rows} | {c.top1_agreement:.2%} | "
+                f"{c.topk_overlap:.2%} | {c.rows_changed} |"
+            )
+        flips = [(c, r) for c in result.task_checks for r in c.changed]
+        if flips:
+            lines += [""] + [
+                f"- `{c.output}` row {list(r.row)}: label {r.ref_label} ({fmt(r.ref_score)}) "
+                f"→ {r.target_label} ({fmt(r.target_score)})"
+                for c, r in flips[:10]
+            ]
     curve = curve_lines(result)
     if curve:
         lines += ["", "**Error curve** (`!` = segment holds a divergent tensor)", "", "```text"]

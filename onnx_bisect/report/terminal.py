@@ -35,6 +35,7 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
             f"[green]No divergence[/]: {head}: all {len(result.outputs)} output(s) pass "
             f"{result.criterion.describe()} ({result.timings.get('total', 0.0):.2f}s)"
         )
+        _task_checks(result, console)
         if not result.nodes:
             return
     else:
@@ -45,6 +46,8 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
                 f"  output [bold]{c.tensor}[/]: {c.status.value}, "
                 f"rel_l2={fmt(c.metrics.get('rel_l2'))} max_abs={fmt(c.metrics.get('max_abs'))}"
             )
+    if result.diverged:
+        _task_checks(result, console)
     fd = result.first_divergence
     if fd is not None and fd.accumulated is not None:
         m = fd.accumulated.metrics
@@ -99,3 +102,9 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
     runs = ", ".join(f"{k} {v}" for k, v in result.runs.items())
     steps = ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items())
     console.print(f"[dim]strategy {result.strategy}; runs: {runs}; {steps}[/]")
+
+
+def _task_checks(result: BisectResult, console: Console) -> None:
+    for check in result.task_checks:
+        style = "green" if check.agrees else "yellow"
+        console.print(f"[{style}]task check[/]: {check.summary()}", highlight=False)
