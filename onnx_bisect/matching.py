@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from onnx_bisect.model import LoadedModel, NodeInfo
+from onnx_bisect.model import LoadedModel, NodeInfo, constant_tensors
 
 __all__ = ["Matching", "match_tensors"]
 
@@ -84,8 +84,11 @@ def match_tensors(ref: LoadedModel, target: LoadedModel) -> Matching:
             )
         else:
             matched.append(name)
-    shared = set(matched) | set(excluded)
     known, matched_set = set(ref.probes), set(matched)
+    for name, why in list(excluded.items()):
+        if alias.get(name, name) in known and alias.get(name, name) != name:
+            excluded[name] = f"{why}; compared with {alias[name]} instead"
+    shared = set(matched) | set(excluded)
     pairs = {
         name: name if name in matched_set else alias[name]
         for name in target.probes
@@ -107,24 +110,32 @@ def _aliases(ref: LoadedModel, target: LoadedModel) -> tuple[dict[str, str], set
     alias: dict[str, str] = {}
     confirmed: set[str] = set()
     ambiguous: set[str] = set()
+    # Parameters are not evidence: a fused node reads rewritten weights by design.
+    ref_const = ref.initializers | set(constant_tensors(ref))
+    tgt_const = target.initializers | set(constant_tensors(target))
+
+    def note(mine: str, theirs: str) -> None:
+        if alias.get(mine, theirs) != theirs:
+            ambiguous.add(mine)
+        alias[mine] = theirs
+
     for t in target.nodes:
         r = by_name.get(t.name)
         if r is None or r.op_type != t.op_type or len(r.inputs) != len(t.inputs):
             continue
-        pairs = list(zip(t.inputs, r.inputs, strict=True))
+        for mine, theirs in zip(t.inputs, r.inputs, strict=True):
+            if mine in tgt_const or theirs in ref_const:
+                continue
+            if mine == theirs:
+                confirmed.add(mine)  # a kept reader reads it under the same name in both
+            else:
+                note(mine, theirs)
         if len(r.outputs) == len(t.outputs) and t.inputs:
             # A kept node whose output was renamed still computes the same tensor. Not for
             # Constants: exporters number their outputs globally, so a name there says nothing.
-            pairs += zip(t.outputs, r.outputs, strict=True)
-        for mine, theirs in pairs:
-            if mine in target.initializers or theirs in ref.initializers:
-                continue
-            if mine == theirs:
-                confirmed.add(mine)
-                continue
-            if alias.get(mine, theirs) != theirs:
-                ambiguous.add(mine)
-            alias[mine] = theirs
+            for mine, theirs in zip(t.outputs, r.outputs, strict=True):
+                if mine != theirs:
+                    note(mine, theirs)
     # Readers that disagree about what a name holds leave it unexplained.
     ambiguous |= confirmed & set(alias)
     return (

@@ -48,7 +48,7 @@ FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 RUNNABLE = ("console", "pycon", "python")
 # Variables that would make rich colour or size its output differently from the docs.
 _TERMINAL_ENV = ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS")
-GUIDE_DOCS = ("guide.md", "backends.md", "exec-protocol.md", "report-format.md")
+GUIDE_DOCS = ("guide.md", "backends.md", "adapters.md", "exec-protocol.md", "report-format.md")
 YOLO = ROOT / "examples" / "models" / "yolo_like.onnx"
 FAULTY_RUNTIME = ROOT / "examples" / "faulty_runtime.py"
 
@@ -282,9 +282,9 @@ def test_report_format_doc_names_every_field(tmp_path: Path) -> None:
     assert {v.value for v in Verdict} <= documented, "a verdict is missing from the table"
 
 
-def test_plugin_from_backends_doc_registers_through_entry_points(tmp_path: Path) -> None:
-    """The adapter module and the pyproject entry point shown in backends.md work as a plugin."""
-    blocks = parse_blocks(DOCS / "backends.md")
+def test_plugin_from_adapters_doc_registers_through_entry_points(tmp_path: Path) -> None:
+    """The adapter module and the pyproject entry point shown in adapters.md work as a plugin."""
+    blocks = parse_blocks(DOCS / "adapters.md")
     module = next(b for b in blocks if b.lang == "python" and b.text.startswith("# file:"))
     name = module.text.split("\n", 1)[0].split(":", 1)[1].strip()
     (tmp_path / name).write_text(module.text.split("\n", 1)[1])

@@ -206,3 +206,46 @@ def test_a_crashing_optimizer_is_one_clear_line(tmp_path: Path) -> None:
     assert "transform +onnxoptimizer=fuse_bn_into_conv crashed (SIGSEGV)" in res.output
     assert "a bug in onnxoptimizer" in res.output
     assert "Traceback" not in res.output
+
+
+CONV_BN = YOLO.parent / "conv_bn.onnx"
+CONV_BN_CONSTANT = YOLO.parent / "conv_bn_constant.onnx"
+
+
+@pytest.mark.parametrize("model", [CONV_BN, CONV_BN_CONSTANT], ids=["initializer", "constant"])
+def test_the_onnxoptimizer_seed_pattern_shows_no_false_divergence(model: Path) -> None:
+    """Conv with a weight and no bias -> BatchNorm, weights as initializers or Constant nodes:
+    fuse_bn_into_conv keeps each Conv's output name for the post-BN value and recomputes the
+    weights at run time; every renamed tensor is compared with its true counterpart."""
+    result = onnx_bisect.bisect(
+        model,
+        ref="cpu?opt=disable",
+        target="cpu?opt=disable+onnxoptimizer=fuse_bn_into_conv",
+        topk=["1:logits"],
+    )
+    assert result.verdict == "match"
+    assert not [n.name for n in result.nodes if n.diverged]
+    m = result.matching
+    assert m is not None
+    assert {f"{s}/conv_out" for s in ("stem", "stage1", "stage2", "stage3")} == set(m.paired)
+    assert all(m.paired[t] == t.replace("conv_out", "bn_out") for t in m.paired)
+    assert result.task_checks[0].top1_agreement == 1.0
+
+
+def test_a_wrong_constant_weight_after_fusion_is_named(tmp_path: Path) -> None:
+    model = onnx.load(str(CONV_BN_CONSTANT))
+    const = next(n for n in model.graph.node if n.name == "stage1/conv.weight_const")
+    w = numpy_helper.to_array(const.attribute[0].t).copy()
+    w.flat[3] += 10 * np.abs(w).max()
+    const.attribute[0].t.CopyFrom(numpy_helper.from_array(w, const.attribute[0].t.name))
+    changed = tmp_path / "changed.onnx"
+    onnx.save(model, str(changed))
+    result = onnx_bisect.bisect(
+        CONV_BN_CONSTANT, target="cpu+onnxoptimizer=fuse_bn_into_conv", target_model=changed
+    )
+    assert result.verdict == "diverged"
+    assert result.root_cause is not None and result.root_cause.kind == "culprit"
+    # The Constant that holds the changed weight differs from the original's own: named first.
+    assert result.root_cause.nodes == ("stage1/conv.weight_const",)
+    conv = next(n for n in result.nodes if n.name == "stage1/conv")
+    assert conv.diverged
