@@ -162,7 +162,7 @@ def bisect(
     other = load_model(target_model) if target_model is not None else None
     label = str(other.path or "<in-memory ModelProto>") if other else ""
     transformed: list[TransformRecord] = []
-    if ref_spec is not None and ref_spec.transforms or tgt_spec is not None and tgt_spec.transforms:
+    if (ref_spec and ref_spec.transforms) or (tgt_spec and tgt_spec.transforms):
         loaded, other, label, transformed = _transformed(loaded, other, ref_spec, tgt_spec, feeds)
     if other is not None:
         validate_feeds(feeds, input_specs(other.model))

@@ -95,7 +95,7 @@ class TensorStore:
         self._files[name] = path
 
     def get(self, name: str) -> npt.NDArray[Any]:
-        if self.directory is None:
+        if name in self._arrays:
             return self._arrays[name]
         arr: npt.NDArray[Any] = np.load(self._files[name], mmap_mode="r", allow_pickle=False)
         return arr
@@ -121,8 +121,8 @@ class TensorStore:
     def view(self, names: Mapping[str, str]) -> TensorStore:
         """A store answering under each key for the tensor its value names here (another
         model's name for the same tensor), sharing this one's arrays and files."""
+        # What is put into a view stays in memory: its files would share names with ours.
         view = TensorStore(None)
-        view.directory = self.directory
         keep = {k: v for k, v in names.items() if v in self._meta}
         view._meta = {k: self._meta[v] for k, v in keep.items()}
         view._arrays = {k: self._arrays[v] for k, v in keep.items() if v in self._arrays}

@@ -120,3 +120,15 @@ def test_a_transform_that_changes_results_is_still_reported() -> None:
     assert result.first_divergence is not None and result.first_divergence.name == "conv"
     assert result.root_cause is not None and result.root_cause.nodes == ("conv",)
     assert result.root_cause.kind == "culprit"
+
+
+def test_a_transformed_copy_under_a_small_memory_budget(tmp_path: Path) -> None:
+    """Reference tensors on disk, the target model's own weight arithmetic added to the view
+    in memory: the planted Conv is still named."""
+    result = onnx_bisect.bisect(
+        YOLO,
+        target="cpu+onnxoptimizer=fuse_bn_into_conv",
+        target_model=_one_weight_changed(tmp_path),
+        max_memory=1 << 20,
+    )
+    assert result.root_cause is not None and result.root_cause.nodes == (FAULT,)
