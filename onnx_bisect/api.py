@@ -239,8 +239,13 @@ def bisect(
         store = TensorStore(None if total <= max_memory else Path(cache))
         t = time.perf_counter()
         matching: Matching | None = None
+        # A repro bundle is cut from the model the target ran, fed under that model's names.
+        bundle_ctx, bundle_store = ctx, store
         if other is not None:
-            found, matching = _by_models(ctx, ref_b, tgt_b, other, sizes, max_memory, store)
+            found, matching, bundle_store = _by_models(
+                ctx, ref_b, tgt_b, other, sizes, max_memory, store
+            )
+            bundle_ctx = replace(ctx, loaded=other)
             used = "scan"
             notes.append(matching.summary())
             notes += [f"excluded {t}: {why}" for t, why in list(matching.excluded.items())[:5]]
@@ -284,11 +289,13 @@ def bisect(
                 found = _by_cut_search(ctx, tgt_b, store, reason, scan_nodes=found.nodes)
                 used = "scan+bisect"
         bundle: ReproInfo | None = None
-        if repro is not None and diverged and other is None:
+        if repro is not None and diverged:
             t = time.perf_counter()
             start = _bundle_start(found.cause, found.first)
             spec_given = isinstance(target, str | BackendSpec)
-            bundle = _bundle(ctx, ref_b, tgt_b, store, start, False, Path(repro), spec_given)
+            bundle = _bundle(
+                bundle_ctx, ref_b, tgt_b, bundle_store, start, False, Path(repro), spec_given
+            )
             timings["repro"] = time.perf_counter() - t
     nodes, first, cause, search = found.nodes, found.first, found.cause, found.search
     notes += _widespread(nodes)
@@ -347,7 +354,7 @@ def _by_models(
     sizes: Mapping[str, int | None],
     budget: int,
     store: TensorStore,
-) -> tuple[_Found, Matching]:
+) -> tuple[_Found, Matching, TensorStore]:
     """Reference model against a different target model: tensors matched by name, the
     target model's nodes isolated on the reference's values where those exist."""
     scan(ref, None, ctx.loaded, ctx.feeds, ctx.crit, sizes, budget, store, ctx.stats, False)
@@ -374,7 +381,7 @@ def _by_models(
     isolated = isolate(target, other, ctx.feeds, ctx.crit, iso_budget, view, ctx.stats)
     nodes = judge(other, comparisons, isolated, ctx.crit)
     first = first_divergence(nodes)
-    return _Found(nodes, first, root_cause(nodes, first)), matching
+    return _Found(nodes, first, root_cause(nodes, first)), matching, view
 
 
 def _dump_inputs(backend: Backend) -> dict[str, npt.NDArray[Any]] | None:

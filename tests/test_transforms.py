@@ -249,3 +249,22 @@ def test_a_wrong_constant_weight_after_fusion_is_named(tmp_path: Path) -> None:
     assert result.root_cause.nodes == ("stage1/conv.weight_const",)
     conv = next(n for n in result.nodes if n.name == "stage1/conv")
     assert conv.diverged
+
+
+def test_a_repro_bundle_is_cut_from_the_transformed_model(tmp_path: Path) -> None:
+    """The bundle holds the fused Conv from the optimized copy and the reference model's
+    value of the BatchNorm output it replaced; repro.py reproduces in a fresh process."""
+    changed = _one_weight_changed(tmp_path)
+    result = onnx_bisect.bisect(
+        YOLO,
+        target="cpu+onnxoptimizer=fuse_bn_into_conv",
+        target_model=changed,
+        repro=tmp_path / "bundle",
+    )
+    assert result.repro is not None and result.repro.reproduces
+    assert result.repro.nodes == ("/down1/conv/Conv",)
+    bundle = onnx.load(str(tmp_path / "bundle" / "model.onnx"))
+    assert [n.op_type for n in bundle.graph.node] == ["Conv"]
+    assert len(bundle.graph.node[0].input) == 3  # the fused Conv, with the folded bias
+    readme = (tmp_path / "bundle" / "README.md").read_text()
+    assert "cut from the target model" in readme

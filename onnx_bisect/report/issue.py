@@ -39,7 +39,17 @@ def _bundle_lines(result: BisectResult) -> list[str]:
         if r.reproduces
         else ("NOT verified: " + r.message)
     )
+    pair = []
+    if result.target_model:
+        # The subgraph comes from the model the target ran; its expected values from the other.
+        pair = [
+            f"- cut from the target model `{result.target_model}`; the expected outputs are the "
+            f"reference model's (`{result.model}`) values of the tensors they stand for, so the "
+            "reference runtime disagreeing with them on this subgraph means the *graph* changed "
+            "the numbers, not a kernel"
+        ]
     return [
+        *pair,
         f"- {len(r.nodes)} node(s) of {r.nodes_before}: "
         + ", ".join(f"`{n}`" for n in r.nodes[:8])
         + (" …" if len(r.nodes) > 8 else ""),
