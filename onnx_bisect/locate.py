@@ -43,6 +43,7 @@ Feeds = Mapping[str, npt.NDArray[Any]]
 _UNSUPPORTED = (
     "not implemented",
     "not_implemented",
+    "unimplemented",  # tract: Unimplemented(Det)
     "unsupported",
     "no op registered",
     "could not find an implementation",

@@ -179,3 +179,12 @@ def test_spec_errors() -> None:
     with pytest.raises(SpecError, match="tract takes no device"):
         create_backend("tract:cpu")
     assert TractBackend.unavailable_reason() is None
+
+
+def test_tract_missing_kernel_message_reads_as_unsupported() -> None:
+    """tract says ``Unimplemented(Det)``: an isolated node failing so is `unsupported`."""
+    from onnx_bisect.locate import IsolationFailure
+
+    message = 'tract: Translating node #2 "det" Unimplemented(Det) ToTypedTranslator'
+    assert IsolationFailure(message).unsupported
+    assert not IsolationFailure("tract: shape mismatch in node #3").unsupported
