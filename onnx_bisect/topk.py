@@ -66,16 +66,25 @@ class TopKCheck:
     topk_overlap: float  # mean |ref top-k ∩ target top-k| / k
     rows_changed: int  # rows whose top-k set differs
     changed: tuple[ChangedRow, ...] = ()  # the first rows whose top-1 label changed
+    # The highest reference top-1 score among rows whose label flipped: flips only among
+    # near-zero scores (a detector's background anchors) are rounding, not lost detections.
+    strongest_flip: float | None = None
 
     @property
     def agrees(self) -> bool:
         return self.rows_changed == 0
 
     def summary(self) -> str:
+        flips = (
+            f" (strongest flipped row's reference score: {self.strongest_flip:.4g})"
+            if self.strongest_flip is not None
+            else ""
+        )
         return (
             f"{self.output} top-{self.k} ({self.spec}): top-1 labels agree on "
             f"{self.top1_agreement:.2%} of {self.rows} row(s), top-{self.k} sets overlap "
-            f"{self.topk_overlap:.2%}, {self.rows_changed} row(s) with a different top-{self.k}"
+            f"{self.topk_overlap:.2%}, {self.rows_changed} row(s) with a different "
+            f"top-{self.k}{flips}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,6 +96,7 @@ class TopKCheck:
             "top1_agreement": self.top1_agreement,
             "topk_overlap": self.topk_overlap,
             "rows_changed": self.rows_changed,
+            "strongest_flip": self.strongest_flip,
             "changed": [
                 {
                     "row": list(c.row),
@@ -157,7 +167,9 @@ def topk_check(
     top_a, top_b = _top(a2, spec.k), _top(b2, spec.k)
     same_top1 = top_a[:, 0] == top_b[:, 0]
     overlap = np.array([len(set(x) & set(y)) for x, y in zip(top_a, top_b, strict=True)])
-    changed_rows = np.flatnonzero(~same_top1)[:_SHOWN]
+    flipped = np.flatnonzero(~same_top1)
+    changed_rows = flipped[:_SHOWN]
+    best_ref = a2[np.arange(len(a2)), top_a[:, 0]]
     offset = spec.start or 0
     changed = tuple(
         ChangedRow(
@@ -178,6 +190,7 @@ def topk_check(
         topk_overlap=float(overlap.mean() / spec.k),
         rows_changed=int((overlap < spec.k).sum()),
         changed=changed,
+        strongest_flip=float(best_ref[flipped].max()) if len(flipped) else None,
     )
 
 

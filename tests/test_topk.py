@@ -40,6 +40,8 @@ def test_labels_that_flip_are_counted_and_listed() -> None:
         ((1,), 0, 1),
         ((3,), 2, 0),
     ]
+    assert top1.strongest_flip == 0.9  # row 3's reference top-1 score
+    assert "strongest flipped row's reference score: 0.9" in top1.summary()
     top2 = topk_check("p", TopKSpec(2, "p"), ref, target)
     assert top2.rows_changed == 1 and top2.topk_overlap == pytest.approx(7 / 8)
     assert not top2.agrees

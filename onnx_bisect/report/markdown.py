@@ -49,12 +49,16 @@ def render_markdown(result: BisectResult) -> str:
         )
     if result.task_checks:
         lines += ["", "**Task-level check** (top-k labels; informative, not part of the verdict)"]
-        lines += ["", "| output | check | rows | top-1 agree | top-k overlap | rows changed |"]
-        lines += ["|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| output | check | rows | top-1 agree | top-k overlap | rows changed "
+            "| strongest flip |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for c in result.task_checks:
             lines.append(
                 f"| `{c.output}` | top-{c.k} `{c.spec}` | {c.rows} | {c.top1_agreement:.2%} | "
-                f"{c.topk_overlap:.2%} | {c.rows_changed} |"
+                f"{c.topk_overlap:.2%} | {c.rows_changed} | {fmt(c.strongest_flip)} |"
             )
         flips = [(c, r) for c in result.task_checks for r in c.changed]
         if flips:
