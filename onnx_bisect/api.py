@@ -41,7 +41,6 @@ from onnx_bisect.metrics import NOISE_EPS, NOISE_K, Comparison, Criterion, compa
 from onnx_bisect.model import (
     METADATA_OPS,
     LoadedModel,
-    constant_tensors,
     fix_input_shapes,
     load_model,
     prefix_model,
@@ -372,7 +371,7 @@ def _by_models(
     # The target model's own constant arithmetic (weights folded at run time) has no
     # counterpart; the reference backend computes it from the target model, so isolation
     # still feeds every node trusted values.
-    own = [t for t in constant_tensors(other) if t not in view]
+    own = [t for t in other.constants if t not in view]
     if own:
         values = timed_run(ref, with_outputs(other.model, own), ctx.feeds, "ref", ctx.stats)
         for name in own:

@@ -36,18 +36,10 @@ def amplification_chain(
     while current is not None and current not in seen and len(links) < MAX_LINKS:
         seen.add(current)
         node = by_index[current]
-        err = _rel(node)
+        err = node.rel_l2
         if err is None:
             break
         links.append(ChainLink(node.name, node.op_type, node.index, err, node.amplification))
-        nxt = [(e, c) for c in consumers.get(current, ()) if (e := _rel(by_index[c])) is not None]
+        nxt = [(e, c) for c in consumers.get(current, ()) if (e := by_index[c].rel_l2) is not None]
         current = max(nxt)[1] if nxt else None
     return tuple(links)
-
-
-def _rel(node: NodeResult) -> float | None:
-    acc = node.accumulated
-    if acc is None:
-        return None
-    value = acc.metrics.get("rel_l2")
-    return None if value is None or value != value else value

@@ -41,7 +41,7 @@ class CurvePoint:
 
 def error_curve(nodes: Sequence[NodeResult], segments: int = 24) -> tuple[CurvePoint, ...]:
     """Up to ``segments`` points over the nodes with a finite accumulated error."""
-    scored = [(n, e) for n in nodes if (e := _rel_l2(n)) is not None]
+    scored = [(n, e) for n in nodes if (e := n.rel_l2) is not None]
     if not scored or segments < 1:
         return ()
     size = math.ceil(len(scored) / segments)
@@ -60,12 +60,3 @@ def error_curve(nodes: Sequence[NodeResult], segments: int = 24) -> tuple[CurveP
             )
         )
     return tuple(points)
-
-
-def _rel_l2(node: NodeResult) -> float | None:
-    """rel_l2 whatever the deciding metric: it is the one comparable across tensors."""
-    acc = node.accumulated
-    if acc is None:
-        return None
-    value = acc.metrics.get("rel_l2")
-    return None if value is None or math.isnan(value) else float(value)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from onnx_bisect.model import LoadedModel, NodeInfo, constant_tensors
+from onnx_bisect.model import LoadedModel, NodeInfo
 
 __all__ = ["Matching", "match_tensors"]
 
@@ -85,15 +85,14 @@ def match_tensors(ref: LoadedModel, target: LoadedModel) -> Matching:
         else:
             matched.append(name)
     known, matched_set = set(ref.probes), set(matched)
-    for name, why in list(excluded.items()):
-        if alias.get(name, name) in known and alias.get(name, name) != name:
-            excluded[name] = f"{why}; compared with {alias[name]} instead"
-    shared = set(matched) | set(excluded)
     pairs = {
         name: name if name in matched_set else alias[name]
         for name in target.probes
         if name in matched_set or (alias.get(name, name) != name and alias[name] in known)
     }
+    for name in excluded.keys() & pairs.keys():
+        excluded[name] += f"; compared with {pairs[name]} instead"
+    shared = set(matched) | set(excluded)
     return Matching(
         tuple(matched),
         excluded,
@@ -111,8 +110,8 @@ def _aliases(ref: LoadedModel, target: LoadedModel) -> tuple[dict[str, str], set
     confirmed: set[str] = set()
     ambiguous: set[str] = set()
     # Parameters are not evidence: a fused node reads rewritten weights by design.
-    ref_const = ref.initializers | set(constant_tensors(ref))
-    tgt_const = target.initializers | set(constant_tensors(target))
+    ref_const = ref.initializers | set(ref.constants)
+    tgt_const = target.initializers | set(target.constants)
 
     def note(mine: str, theirs: str) -> None:
         if alias.get(mine, theirs) != theirs:

@@ -98,6 +98,20 @@ class LoadedModel:
         return {o: n for n in self.nodes for o in n.outputs}
 
     @cached_property
+    def constants(self) -> tuple[str, ...]:
+        """Tensors computed from initializers alone (an optimizer that folds BatchNorm into a
+        Conv at run time leaves such arithmetic): they are the same on every input."""
+        known = set(self.initializers)
+        found: list[str] = []
+        for n in self.nodes:
+            if n.op_type in _NONDETERMINISTIC or n.implicit_inputs:
+                continue
+            if all(t == "" or t in known for t in n.inputs):
+                known.update(n.outputs)
+                found += [o for o in n.outputs if o]
+        return tuple(found)
+
+    @cached_property
     def dtypes(self) -> dict[str, np.dtype[np.generic]]:
         """Element type of every tensor shape inference typed: what a runtime expects to be
         fed, whatever precision the reference computed it in."""
@@ -378,20 +392,6 @@ METADATA_OPS = frozenset({"Shape", "Size"})
 _NONDETERMINISTIC = frozenset(
     {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial"}
 )
-
-
-def constant_tensors(loaded: LoadedModel) -> tuple[str, ...]:
-    """Tensors computed from initializers alone (an optimizer that folds BatchNorm into a
-    Conv at run time leaves such arithmetic): they are the same on every input."""
-    known = set(loaded.initializers)
-    found: list[str] = []
-    for n in loaded.nodes:
-        if n.op_type in _NONDETERMINISTIC or n.implicit_inputs:
-            continue
-        if all(t == "" or t in known for t in n.inputs):
-            known.update(n.outputs)
-            found += [o for o in n.outputs if o]
-    return tuple(found)
 
 
 def window_exits(loaded: LoadedModel, nodes: Sequence[NodeInfo]) -> list[str]:

@@ -72,6 +72,13 @@ class NodeResult:
     def diverged(self) -> bool:
         return bool(self.accumulated and self.accumulated.diverged)
 
+    @property
+    def rel_l2(self) -> float | None:
+        """Accumulated rel_l2 whatever the deciding metric: the one number comparable across
+        tensors (the chain and the error curve use it); None when unknown or NaN."""
+        value = self.accumulated.metrics.get("rel_l2") if self.accumulated else None
+        return None if value is None or math.isnan(value) else float(value)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "index": self.index,

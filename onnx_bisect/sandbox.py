@@ -14,7 +14,13 @@ import sys
 from onnx_bisect.adapters.base import BackendSpec
 from onnx_bisect.adapters.exec import ExecBackend
 
-__all__ = ["SandboxBackend"]
+__all__ = ["SandboxBackend", "python_child_env"]
+
+
+def python_child_env() -> dict[str, str]:
+    """The environment for a ``python -m onnx_bisect....`` child: it must import what we
+    import (plugins on sys.path, tests' own modules)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
 
 
 class SandboxBackend(ExecBackend):
@@ -28,10 +34,7 @@ class SandboxBackend(ExecBackend):
         self.spec = spec  # reports name the backend the user asked for
 
     def environment(self) -> dict[str, str]:
-        # The child must import what we import: plugins on sys.path, tests' own modules.
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        return env
+        return python_child_env()
 
     def describe(self) -> str:
         return f"{self.inner_spec.text} (in a child process per run)"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -113,21 +112,21 @@ def apply_transforms(
 def _in_child(
     model: onnx.ModelProto, t: Transform, tool: str, shapes: dict[str, Sequence[int]]
 ) -> tuple[onnx.ModelProto, Notes]:
-    """One transform in ``python -m onnx_bisect.transforms``: the optimizers' C++ cores can
+    """One transform in ``python -m onnx_bisect.transform_child``: the optimizers' C++ cores can
     crash (onnxoptimizer segfaults on BatchNorm parameters given as Constant value_floats),
     and a crash there must not take the diagnosis down with it (see ``transform_child``)."""
     from onnx_bisect.model import save_model
+    from onnx_bisect.sandbox import python_child_env  # not at the top: sandbox imports us
 
     with tempfile.TemporaryDirectory(prefix="onnx-bisect-transform-") as tmp:
         src = save_model(model, Path(tmp), "in.onnx")
         out = Path(tmp) / "out"
         argv = [sys.executable, "-m", "onnx_bisect.transform_child", str(src), str(out), t.text]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         proc = subprocess.run(
             [*argv, json.dumps({k: list(v) for k, v in shapes.items()})],
             capture_output=True,
             text=True,
-            env=env,
+            env=python_child_env(),
             check=False,
         )
         if proc.stdout.strip() or proc.stderr.strip():
