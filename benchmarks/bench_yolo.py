@@ -368,7 +368,7 @@ def default_target(path: Path) -> str:
 
 def floor_target(target: str) -> dict[str, Any]:
     """How the floor process runs ``target`` plainly (parsed with the tool's own spec grammar)."""
-    from onnx_bisect.adapters.base import parse_spec
+    from onnx_bisect.backends.spec import parse_spec
 
     spec = parse_spec(target)
     if spec.name == "openvino":

@@ -5,8 +5,17 @@
 >>> result.first_divergence.name, result.root_cause.nodes  # doctest: +SKIP
 """
 
-from onnx_bisect.adapters.base import Backend, BackendBase, BackendSpec, create_backend, parse_spec
 from onnx_bisect.api import bisect
+from onnx_bisect.backends import (
+    Backend,
+    BackendBase,
+    BackendSpec,
+    Capabilities,
+    create_backend,
+    parse_spec,
+)
+from onnx_bisect.compare.criterion import Comparison, Criterion
+from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.errors import (
     BackendError,
     BackendUnavailableError,
@@ -15,7 +24,8 @@ from onnx_bisect.errors import (
     OnnxBisectError,
     SpecError,
 )
-from onnx_bisect.metrics import Comparison, Criterion, compare_tensors
+from onnx_bisect.options import BisectOptions
+from onnx_bisect.report import to_dict, to_frame, write_reports
 from onnx_bisect.result import BisectResult, NodeResult, RootCause, Verdict
 
 __all__ = [
@@ -24,7 +34,9 @@ __all__ = [
     "BackendError",
     "BackendSpec",
     "BackendUnavailableError",
+    "BisectOptions",
     "BisectResult",
+    "Capabilities",
     "Comparison",
     "Criterion",
     "InputError",
@@ -39,6 +51,9 @@ __all__ = [
     "compare_tensors",
     "create_backend",
     "parse_spec",
+    "to_dict",
+    "to_frame",
+    "write_reports",
 ]
 
 compare = compare_tensors

@@ -14,12 +14,16 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 
-from onnx_bisect.adapters.base import create_backend
-from onnx_bisect.adapters.dump import INPUTS_FILE, MANIFEST, file_name
-from onnx_bisect.api import DEFAULT_MAX_MEMORY, environment
-from onnx_bisect.feeds import make_feeds, save_npz
-from onnx_bisect.model import fix_input_shapes, load_model, tensor_nbytes, with_outputs
-from onnx_bisect.run import RunStats, plan_chunks, timed_run
+from onnx_bisect.backends.dump import INPUTS_FILE, MANIFEST, file_name
+from onnx_bisect.backends.environment import environment
+from onnx_bisect.backends.protocol import Tensors
+from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.engine.observe import probe_runs
+from onnx_bisect.engine.runs import RunStats, timed_run
+from onnx_bisect.graph.load import load_model
+from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
+from onnx_bisect.inputs.feeds import make_feeds, save_npz
+from onnx_bisect.options import DEFAULT_MAX_MEMORY
 
 __all__ = ["DumpResult", "dump"]
 
@@ -49,8 +53,11 @@ def dump(
     directory.mkdir(parents=True, exist_ok=True)
     sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))
     stats = RunStats()
-    for chunk in plan_chunks(loaded.probes, sizes, max_memory):
-        values = timed_run(runner, with_outputs(loaded.model, chunk), feeds, "target", stats)
+
+    def run(marked: onnx.ModelProto) -> Tensors:
+        return timed_run(runner, marked, feeds, "target", stats)
+
+    for chunk, values in probe_runs(loaded.model, loaded.probes, sizes, max_memory, run):
         for name in chunk:
             np.save(directory / file_name(name), np.asarray(values[name]), allow_pickle=False)
     save_npz(directory / INPUTS_FILE, feeds)
@@ -60,7 +67,7 @@ def dump(
         "description": runner.describe(),
         "versions": environment(runner),
         "tensors": {name: file_name(name) for name in loaded.probes},
-        "naming": "file = percent-encoded tensor name + '.npy' (onnx_bisect.adapters.dump)",
+        "naming": "file = percent-encoded tensor name + '.npy' (onnx_bisect.backends.dump)",
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return DumpResult(directory, len(loaded.probes), stats.runs.get("target", 0))

@@ -13,7 +13,9 @@ from typing import Any
 import numpy.typing as npt
 import onnx
 
-from onnx_bisect.adapters.base import BackendBase, BackendSpec, Tensors, create_backend
+from onnx_bisect.backends.protocol import BackendBase, Tensors
+from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.errors import BackendError
 from tests.models import FAULTY_RUNTIME
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -156,3 +157,11 @@ def typed_inputs() -> onnx.ModelProto:
         [helper.make_tensor_value_info(n, t, d) for n, t, d in specs],
         [helper.make_tensor_value_info(f"{n}_out", t, d) for n, t, d in specs],
     )
+
+
+def node_named(loaded: Any, name: str) -> Any:
+    """The node called ``name`` in a LoadedModel (KeyError when there is none)."""
+    for n in loaded.nodes:
+        if n.name == name:
+            return n
+    raise KeyError(name)

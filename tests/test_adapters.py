@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from onnx_bisect.adapters import (
+from onnx_bisect.backends import (
     ALIASES,
     Adapter,
     Backend,
@@ -22,7 +22,7 @@ from onnx_bisect.adapters import (
     parse_spec,
 )
 from onnx_bisect.errors import BackendError, BackendUnavailableError, SpecError
-from onnx_bisect.model import with_outputs
+from onnx_bisect.graph.extract import with_outputs
 from tests.models import chain, int_output
 
 X = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
@@ -495,7 +495,8 @@ def test_plugin_from_a_file_path(tmp_path: Path) -> None:
             """
         )
     )
-    from onnx_bisect.adapters.base import create_backend, parse_spec
+    from onnx_bisect.backends.registry import create_backend
+    from onnx_bisect.backends.spec import parse_spec
 
     spec = parse_spec(f"{plugin}:Scaled?factor=2")
     assert spec.name == "file" and spec.options["factor"] == "2"

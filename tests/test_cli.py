@@ -13,8 +13,8 @@ import onnx
 import pytest
 from typer.testing import CliRunner
 
-from onnx_bisect import cli
-from onnx_bisect.cli import app, bisect_app
+from onnx_bisect.cli import commands
+from onnx_bisect.cli.app import app, bisect_app
 from tests.models import FAULTY_RUNTIME, ROOT, YOLO, two_inputs
 
 runner = CliRunner()
@@ -158,7 +158,7 @@ def test_internal_error_exit_3_and_debug_traceback(monkeypatch: pytest.MonkeyPat
     def boom(*_a: object, **_k: object) -> None:
         raise RuntimeError("kaboom")
 
-    monkeypatch.setattr(cli, "run_bisect", boom)
+    monkeypatch.setattr(commands, "run_bisect", boom)
     res = runner.invoke(bisect_app, [str(YOLO), "-t", "ref"])
     assert res.exit_code == 3
     assert res.stderr.strip().splitlines() == [

@@ -37,9 +37,9 @@ import typer
 
 import onnx_bisect
 from onnx_bisect import Verdict
-from onnx_bisect.adapters import ALIASES, adapters
-from onnx_bisect.adapters.ort import PROVIDERS
-from onnx_bisect.cli import EXIT_DIVERGED, EXIT_INTERNAL, EXIT_MATCH, EXIT_USAGE, bisect_app
+from onnx_bisect.backends import ALIASES, adapters
+from onnx_bisect.backends.ort import PROVIDERS
+from onnx_bisect.cli.app import EXIT_DIVERGED, EXIT_INTERNAL, EXIT_MATCH, EXIT_USAGE, bisect_app
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -261,7 +261,7 @@ def test_report_format_doc_names_every_field(tmp_path: Path) -> None:
     """Every key of a real report.json and every nodes.csv column is described in the doc."""
     result = onnx_bisect.bisect(YOLO, ref="cpu", target=_PlantedFault("/down1/conv/Conv"))
     out = tmp_path / "report"
-    result.write(out)
+    onnx_bisect.write_reports(result, out)
     report = json.loads((out / "report.json").read_text())
     node = report["nodes"][0]
     keys = set(report) | set(report["first_divergence"]) | set(report["root_cause"])

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_bisect.errors import InputError
-from onnx_bisect.feeds import (
+from onnx_bisect.inputs.feeds import (
     InputSpec,
     generate_feeds,
     input_specs,
@@ -372,7 +372,7 @@ def test_parse_shape_rejects_empty_dims() -> None:
 
 
 def test_save_npz_round_trips_names_numpy_savez_cannot(tmp_path: Path) -> None:
-    from onnx_bisect.feeds import save_npz
+    from onnx_bisect.inputs.feeds import save_npz
 
     tensors = {"file": np.arange(3), "allow_pickle": np.ones(2), "a/b:c": np.zeros(())}
     save_npz(tmp_path / "t.npz", tensors)

@@ -7,12 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from onnx_bisect.metrics import (
+from onnx_bisect.compare.criterion import Comparison, Criterion, Status
+from onnx_bisect.compare.metrics import (
     METRICS,
-    Comparison,
-    Criterion,
-    Status,
-    compare_tensors,
     cosine,
     max_abs,
     mean_abs,
@@ -20,6 +17,7 @@ from onnx_bisect.metrics import (
     rel_l2,
     sqnr_db,
 )
+from onnx_bisect.compare.tensors import compare_tensors
 
 F32 = np.float32
 REF = np.array([3.0, 0.0, -4.0, 0.0], F32)  # ‖REF‖ = 5
@@ -363,7 +361,7 @@ def test_badness_puts_structural_mismatches_first() -> None:
 
 @pytest.mark.parametrize("zero_ref", [False, True])
 def test_all_metrics_equals_the_pure_functions(zero_ref: bool) -> None:
-    from onnx_bisect.metrics import METRICS, all_metrics
+    from onnx_bisect.compare.metrics import METRICS, all_metrics
 
     rng = np.random.default_rng(3)
     ref = np.zeros(500) if zero_ref else rng.standard_normal(500)

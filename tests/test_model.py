@@ -11,21 +11,16 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from onnx_bisect.adapters import create_backend
+from onnx_bisect.backends import create_backend
+from onnx_bisect.engine.runs import plan_chunks
+from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.errors import ModelLoadError
-from onnx_bisect.model import (
-    LoadedModel,
-    NotProbed,
-    TensorMeta,
-    fix_input_shapes,
-    isolation_model,
-    load_model,
-    save_model,
-    tensor_nbytes,
-    with_outputs,
-)
-from onnx_bisect.run import TensorStore, plan_chunks
-from tests.models import chain, make, residual, unsorted, with_if
+from onnx_bisect.graph.extract import isolation_model, with_outputs
+from onnx_bisect.graph.load import load_model
+from onnx_bisect.graph.save import save_model
+from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
+from onnx_bisect.graph.view import LoadedModel, NotProbed, TensorMeta
+from tests.models import chain, make, node_named, residual, unsorted, with_if
 
 X = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
 
@@ -77,10 +72,10 @@ def test_probes_are_every_node_output_in_topological_order() -> None:
     loaded = load_model(chain(4))
     assert loaded.probes == ("h0", "a0", "h1", "a1", "h2", "a2", "h3", "y")
     assert loaded.producer["a1"].name == "act1"
-    assert loaded.node("mm2").inputs == ("a1", "W2")
-    assert loaded.node("mm2").index == 4
+    assert node_named(loaded, "mm2").inputs == ("a1", "W2")
+    assert node_named(loaded, "mm2").index == 4
     with pytest.raises(KeyError):
-        loaded.node("nope")
+        node_named(loaded, "nope")
 
 
 def test_unsorted_model_is_resorted_with_a_note() -> None:
@@ -137,8 +132,8 @@ def test_subgraph_tensors_are_not_probed() -> None:
             "only top-level tensors can be marked as outputs",
         ),
     )
-    assert loaded.node("branch").implicit_inputs == ("r",)
-    assert loaded.node("branch").inputs == ("c",)
+    assert node_named(loaded, "branch").implicit_inputs == ("r",)
+    assert node_named(loaded, "branch").inputs == ("c",)
 
 
 def test_implicit_inputs_order_the_sort() -> None:
@@ -268,7 +263,7 @@ def test_isolation_model_of_a_subset() -> None:
     loaded = load_model(chain(3))
     values = _reference_values(loaded, {"x": X})
     meta = {k: TensorMeta(v.dtype, v.shape) for k, v in values.items()}
-    iso, fed = isolation_model(loaded, [loaded.node("mm1")], meta)
+    iso, fed = isolation_model(loaded, [node_named(loaded, "mm1")], meta)
     assert fed == {"ref__a0": "a0"}
     assert [i.name for i in iso.graph.input] == ["ref__a0"]
     assert [t.name for t in iso.graph.initializer] == ["W1"]
@@ -282,7 +277,7 @@ def test_isolation_of_an_if_feeds_outer_names_under_their_own_names() -> None:
     x = np.array([1.0, -2.0, 3.0, -4.0], np.float32)
     values = _reference_values(loaded, {"x": x})
     meta = {k: TensorMeta(v.dtype, v.shape) for k, v in values.items()}
-    iso, fed = isolation_model(loaded, [loaded.node("branch")], meta)
+    iso, fed = isolation_model(loaded, [node_named(loaded, "branch")], meta)
     assert fed == {"ref__c": "c", "r": "r"}
     out = _ort(iso, {name: values[t] for name, t in fed.items()})
     np.testing.assert_array_equal(out["y"], -np.maximum(x, 0))
@@ -303,7 +298,7 @@ def test_isolation_feed_names_avoid_existing_names() -> None:
     )
     loaded = load_model(proto)
     meta = {t: TensorMeta(np.dtype(np.float32), (3,)) for t in ("h", "y")}
-    iso, fed = isolation_model(loaded, [loaded.node("add")], meta)
+    iso, fed = isolation_model(loaded, [node_named(loaded, "add")], meta)
     assert fed == {"ref__h__1": "h"}
     assert [i.name for i in iso.graph.input] == ["ref__h", "ref__h__1"]
     h = np.array([1.0, 2.0, 3.0], np.float32)

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 import onnx_bisect
-from onnx_bisect.cli import bisect_app
+from onnx_bisect.cli.app import bisect_app
 from tests.models import YOLO, make
 
 FAULT = "/down1/conv/Conv"
@@ -81,7 +81,7 @@ def test_a_name_that_changed_meaning_is_excluded_not_flagged() -> None:
     assert result.matching.pairs == {"conv_out": "bn_out", "y": "y"}
     conv = next(n for n in result.nodes if n.name == "conv")
     assert conv.accumulated is not None and not conv.diverged
-    report = result.to_dict()["tensor_matching"]
+    report = onnx_bisect.to_dict(result)["tensor_matching"]
     assert report["excluded"][0]["tensor"] == "conv_out"
     assert any("excluded conv_out" in n for n in result.notes)
 

@@ -10,7 +10,7 @@ import pytest
 
 import onnx_bisect
 from onnx_bisect import Verdict
-from onnx_bisect.search import CutSearch, backward_windows, closure_windows, forward_windows
+from onnx_bisect.engine.search import CutSearch, backward_windows, closure_windows, forward_windows
 from tests.faulty import FaultyBackend, HiddenFaultBackend, PatternFaultBackend
 from tests.models import FAULTY_RUNTIME, TRANSFORMER, YOLO_FUSED, residual
 
@@ -224,7 +224,7 @@ def test_amplification_chain_runs_from_the_root_cause_to_an_output() -> None:
     by_name = {n.name: n for n in result.nodes}
     for link in chain[1:]:
         assert link.gain is None or link.gain == pytest.approx(by_name[link.node].amplification)
-    report = result.to_dict()
+    report = onnx_bisect.to_dict(result)
     assert [c["node"] for c in report["chain"]] == [c.node for c in chain]
 
 

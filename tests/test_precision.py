@@ -10,11 +10,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_bisect.adapters import create_backend
+from onnx_bisect.backends import create_backend
+from onnx_bisect.compare.metrics import rel_l2
 from onnx_bisect.errors import SpecError
-from onnx_bisect.metrics import rel_l2
-from onnx_bisect.model import with_outputs
-from onnx_bisect.precision import downcast_like, upcast_feeds, upcast_model
+from onnx_bisect.graph.extract import with_outputs
+from onnx_bisect.transforms.upcast import downcast_like, upcast_feeds, upcast_model
 from tests.models import (
     TRANSFORMER,
     YOLO,

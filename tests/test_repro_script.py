@@ -24,8 +24,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_bisect.metrics import METRICS
-from onnx_bisect.repro_script import SCRIPT_METRICS, render_repro_script
+from onnx_bisect.compare.metrics import METRICS
+from onnx_bisect.repro.script import SCRIPT_METRICS, render_repro_script
 from tests.models import make
 
 ROOT = Path(__file__).resolve().parents[1]

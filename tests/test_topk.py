@@ -11,9 +11,9 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 import onnx_bisect
-from onnx_bisect.cli import bisect_app
+from onnx_bisect.cli.app import bisect_app
+from onnx_bisect.compare.topk import TopKSpec, parse_topk, topk_check
 from onnx_bisect.errors import InputError
-from onnx_bisect.topk import TopKSpec, parse_topk, topk_check
 from tests.faulty import FaultyBackend
 from tests.models import YOLO, make
 
@@ -91,7 +91,7 @@ def test_bisect_reports_label_agreement_for_a_planted_fault() -> None:
     faulty = onnx_bisect.bisect(model, target=FaultyBackend("fc", 0.3), topk=["1:logits"])
     assert faulty.verdict == "diverged"
     assert faulty.task_checks[0].top1_agreement == 1.0
-    assert faulty.to_dict()["task_checks"][0]["rows"] == 64
+    assert onnx_bisect.to_dict(faulty)["task_checks"][0]["rows"] == 64
 
 
 def test_cli_topk(tmp_path: Path) -> None:

@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 
 import onnx_bisect
 from onnx_bisect import Verdict
-from onnx_bisect.adapters import Backend, create_backend
-from onnx_bisect.adapters.tract import TractBackend, input_fact
-from onnx_bisect.cli import bisect_app
+from onnx_bisect.backends import Backend, create_backend
+from onnx_bisect.backends.tract import TractBackend, input_fact
+from onnx_bisect.cli.app import bisect_app
 from onnx_bisect.errors import BackendError, SpecError
-from onnx_bisect.model import with_outputs
+from onnx_bisect.graph.extract import with_outputs
 from tests.models import TRANSFORMER, YOLO, YOLO_FUSED, chain, make, two_inputs
 
 pytest.importorskip("tract")
@@ -183,7 +183,7 @@ def test_spec_errors() -> None:
 
 def test_tract_missing_kernel_message_reads_as_unsupported() -> None:
     """tract says ``Unimplemented(Det)``: an isolated node failing so is `unsupported`."""
-    from onnx_bisect.locate import IsolationFailure
+    from onnx_bisect.engine.isolate import IsolationFailure
 
     message = 'tract: Translating node #2 "det" Unimplemented(Det) ToTypedTranslator'
     assert IsolationFailure(message).unsupported

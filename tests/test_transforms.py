@@ -13,10 +13,13 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 import onnx_bisect
-from onnx_bisect.adapters.base import create_backend, parse_spec
-from onnx_bisect.cli import bisect_app
+from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.backends.spec import parse_spec
+from onnx_bisect.cli.app import bisect_app
 from onnx_bisect.errors import SpecError
-from onnx_bisect.transforms import apply_transforms, parse_transform
+from onnx_bisect.report.curve import error_curve
+from onnx_bisect.transforms.apply import apply_transforms
+from onnx_bisect.transforms.registry import parse_transform
 from tests.models import YOLO, make
 
 pytest.importorskip("onnxconverter_common")
@@ -79,11 +82,11 @@ def test_fp16_on_the_detector_reports_the_error_curve(tmp_path: Path) -> None:
     assert result.target.spec == "cpu+fp16"
     assert [t.text for t in result.transforms] == ["fp16"]
     assert result.matching is not None and not result.matching.excluded
-    curve = result.error_curve()
+    curve = error_curve(result.nodes)
     assert sum(p.error > 0 for p in curve) > 10
     assert max(p.error for p in curve) < 0.05  # fp16-sized, not a broken kernel
     assert not result.culprits()
-    result.write(tmp_path)
+    onnx_bisect.write_reports(result, tmp_path)
     report = (tmp_path / "report.md").read_text()
     assert "**Error curve**" in report and "+fp16: onnxconverter-common" in report
     data = json.loads((tmp_path / "report.json").read_text())
@@ -162,7 +165,7 @@ def test_cli_transform_and_its_errors(tmp_path: Path) -> None:
 def test_a_missing_transform_package_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from importlib.metadata import PackageNotFoundError
 
-    import onnx_bisect.transforms as transforms
+    import onnx_bisect.transforms.apply as transforms
 
     def missing(name: str) -> str:
         raise PackageNotFoundError(name)

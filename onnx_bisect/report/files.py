@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onnx_bisect.errors import InputError
-from onnx_bisect.feeds import save_npz
+from onnx_bisect.inputs.feeds import save_npz
+from onnx_bisect.report.issue import render_bundle_readme, render_issue
 from onnx_bisect.report.markdown import render_markdown
+from onnx_bisect.report.serialize import NODE_COLUMNS, node_rows, to_dict
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult
@@ -29,13 +31,17 @@ def check_formats(formats: Sequence[str]) -> None:
         )
 
 
-def write_reports(result: BisectResult, out_dir: Path, formats: Sequence[str]) -> list[Path]:
+def write_reports(
+    result: BisectResult, out_dir: str | Path, formats: Sequence[str] = FORMATS
+) -> list[Path]:
+    """Write the reports and ``inputs.npz`` to ``out_dir``; returns the paths written."""
     check_formats(formats)
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     if "json" in formats:
         path = out_dir / "report.json"
-        path.write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n")
+        path.write_text(json.dumps(to_dict(result), indent=2, allow_nan=False) + "\n")
         written.append(path)
     if "md" in formats:
         path = out_dir / "report.md"
@@ -43,9 +49,8 @@ def write_reports(result: BisectResult, out_dir: Path, formats: Sequence[str]) -
         written.append(path)
     if "csv" in formats:
         path = out_dir / "nodes.csv"
-        _write_csv(path, result.node_rows())
+        _write_csv(path, node_rows(result))
         written.append(path)
-    written += write_bundle_docs(result)
     path = out_dir / "inputs.npz"
     save_npz(path, result.inputs)
     written.append(path)
@@ -54,7 +59,6 @@ def write_reports(result: BisectResult, out_dir: Path, formats: Sequence[str]) -
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     """The nodes table as pandas would write it (NaN as empty), without importing pandas."""
-    from onnx_bisect.result import NODE_COLUMNS
 
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(NODE_COLUMNS))
@@ -69,8 +73,6 @@ def write_bundle_docs(result: BisectResult) -> list[Path]:
     """README.md and issue.md beside the repro bundle's files, when there is a bundle."""
     if result.repro is None or not Path(result.repro.path).is_dir():
         return []
-    from onnx_bisect.report.issue import render_bundle_readme, render_issue
-
     bundle = Path(result.repro.path)
     (bundle / "README.md").write_text(render_bundle_readme(result))
     (bundle / "issue.md").write_text(render_issue(result))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from onnx_bisect.report.curve import error_curve
 from onnx_bisect.result import BisectResult, NodeResult
 
 __all__ = ["chain_line", "curve_lines", "fmt", "fmt_amp", "node_label", "search_line"]
@@ -67,7 +68,7 @@ def chain_line(result: BisectResult, most: int = 6) -> str:
 def curve_lines(result: BisectResult, width: int = 40) -> list[str]:
     """The error curve as text bars on a log scale, one line per segment of the graph:
     ``#0-7   ! ########      3.1e-04  Conv /stem/conv``; ``!`` marks a divergent segment."""
-    points = result.error_curve()
+    points = error_curve(result.nodes)
     if len(points) < 2:
         return []
     positive = [p.error for p in points if p.error > 0]

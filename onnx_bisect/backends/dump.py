@@ -1,0 +1,116 @@
+"""``dump:DIR``: tensors someone already dumped, for comparing two machines offline.
+
+A dump is a directory of ``<sanitized tensor name>.npy`` files (what ``onnx-bisect dump``
+writes), or one ``.npz`` keyed by tensor name, or ONNX test-case ``.pb`` TensorProtos carrying
+their names. Sanitizing percent-encodes every byte outside ``[A-Za-z0-9._-]`` (``/`` becomes
+``%2F``), so ``tensor_name()`` maps a file name back exactly.
+
+A dump can only answer for the tensors it holds and cannot run anything else: there is no
+isolation, window or cut search against it, only the accumulated comparison.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+from onnx import numpy_helper
+
+from onnx_bisect.backends.protocol import BackendBase, Capabilities, Tensors
+from onnx_bisect.backends.spec import BackendSpec
+from onnx_bisect.errors import BackendError, SpecError
+from onnx_bisect.graph.extract import derived_kind
+
+__all__ = ["DumpBackend", "INPUTS_FILE", "MANIFEST", "file_name", "tensor_name"]
+
+
+INPUTS_FILE = "inputs.npz"
+
+
+MANIFEST = "manifest.json"
+
+
+_SAFE = "._-"
+
+
+def file_name(tensor: str) -> str:
+    """The file a tensor is dumped to: percent-encoded, so any name is a valid, unique file."""
+    return quote(tensor, safe=_SAFE) + ".npy"
+
+
+def tensor_name(file: str) -> str:
+    """The tensor a dump file holds (the inverse of ``file_name``)."""
+    return unquote(file.removesuffix(".npy"))
+
+
+class DumpBackend(BackendBase):
+    capabilities = Capabilities(computes=False, partial=True)
+
+    def __init__(self, spec: BackendSpec) -> None:
+        super().__init__(spec)
+        spec.check_options([])
+        self.path = Path(spec.device or "")
+        if not spec.device or not self.path.exists():
+            raise SpecError(f"backend {spec.text!r}: no dump at {self.path or '(empty path)'}")
+        self._tensors = _index(self.path)
+        if not self._tensors:
+            raise SpecError(f"backend {spec.text!r}: {self.path} holds no .npy, .npz or .pb")
+
+    def run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        if derived_kind(model) is not None:
+            raise BackendError(f"{self.spec.text}: a dump cannot compute, only replay tensors")
+        wanted = [o.name for o in model.graph.output]
+        return {n: self.load(n) for n in wanted if n in self._tensors}
+
+    def load(self, name: str) -> npt.NDArray[Any]:
+        source = self._tensors[name]
+        if isinstance(source, Path):
+            if source.suffix == ".pb":
+                t = onnx.TensorProto()
+                t.ParseFromString(source.read_bytes())
+                return numpy_helper.to_array(t)
+            arr: npt.NDArray[Any] = np.load(source, allow_pickle=False)
+            return arr
+        value: npt.NDArray[Any] = source
+        return value
+
+    def recorded_inputs(self) -> Tensors | None:
+        """The inputs recorded with the dump, when it has them."""
+        path = self.path / INPUTS_FILE if self.path.is_dir() else None
+        if path is None or not path.is_file():
+            return None
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+
+    def describe(self) -> str:
+        manifest = self.path / MANIFEST if self.path.is_dir() else None
+        if manifest is not None and manifest.is_file():
+            meta = json.loads(manifest.read_text())
+            return f"dump of {meta.get('backend', '?')} ({len(self._tensors)} tensors)"
+        return f"dump at {self.path} ({len(self._tensors)} tensors)"
+
+
+def _index(path: Path) -> dict[str, Any]:
+    """Tensor name -> where its value is (a file, or the array itself for an .npz)."""
+    if path.is_file() and path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    found: dict[str, Any] = {}
+    for f in sorted(path.glob("*.npy")):
+        found[tensor_name(f.name)] = f
+    for f in sorted(path.glob("*.pb")):
+        t = onnx.TensorProto()
+        t.ParseFromString(f.read_bytes())
+        if t.name:
+            found[t.name] = f
+    npz = sorted(p for p in path.glob("*.npz") if p.name != INPUTS_FILE)
+    for z_path in npz:
+        with np.load(z_path, allow_pickle=False) as z:
+            found.update({k: z[k] for k in z.files})
+    return found

@@ -1,0 +1,114 @@
+"""``exec:COMMAND``: any runtime in any language, through files.
+
+Protocol (docs/exec-protocol.md): we write ``model.onnx`` (the probes already marked as graph
+outputs; weights in ``model.onnx.data`` when over 2 GB) and ``inputs.npz`` keyed by graph input
+name into a fresh temporary directory, substitute ``{model}``, ``{inputs}`` and ``{outputs}`` in
+COMMAND, run it without a shell (shlex-split), and read ``outputs.npz`` keyed by graph output
+name. A non-zero exit or a missing output is a backend failure.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+
+from onnx_bisect.backends.protocol import BackendBase, Capabilities, Tensors
+from onnx_bisect.backends.spec import BackendSpec
+from onnx_bisect.errors import BackendCrash, BackendError, SpecError
+from onnx_bisect.graph.save import save_model
+from onnx_bisect.inputs.feeds import save_npz
+
+__all__ = ["ExecBackend", "PLACEHOLDERS"]
+
+
+PLACEHOLDERS = ("{model}", "{inputs}", "{outputs}")
+
+
+_STDERR_TAIL = 5
+
+
+class ExecBackend(BackendBase):
+    capabilities = Capabilities(child_process=True)
+
+    def __init__(self, spec: BackendSpec, timeout: float | None = None) -> None:
+        super().__init__(spec)
+        self.timeout = timeout
+        command = spec.device or ""
+        try:
+            self.argv = shlex.split(command)
+        except ValueError as exc:
+            raise SpecError(f"backend {spec.text!r}: cannot split the command ({exc})") from None
+        if not self.argv:
+            raise SpecError("exec: needs a command, e.g. exec:'./myrt {model} {inputs} {outputs}'")
+        missing = [p for p in PLACEHOLDERS if p not in command]
+        if missing:
+            raise SpecError(
+                f"backend {spec.text!r}: the command must contain {', '.join(PLACEHOLDERS)} "
+                f"(missing {', '.join(missing)})"
+            )
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        with tempfile.TemporaryDirectory(prefix="onnx-bisect-exec-") as tmp:
+            d = Path(tmp)
+            paths = {
+                "{model}": str(save_model(model, d)),
+                "{inputs}": str(d / "inputs.npz"),
+                "{outputs}": str(d / "outputs.npz"),
+            }
+            wanted = {i.name for i in model.graph.input}
+            save_npz(Path(paths["{inputs}"]), {k: v for k, v in feeds.items() if k in wanted})
+            argv = [_substitute(a, paths) for a in self.argv]
+            try:
+                proc = subprocess.run(
+                    argv, capture_output=True, timeout=self.timeout, env=self.environment()
+                )
+            except FileNotFoundError:
+                raise BackendError(f"{self.spec.text}: command not found: {argv[0]}") from None
+            except subprocess.TimeoutExpired:
+                raise BackendCrash(f"{self.spec.text}: timed out after {self.timeout}s") from None
+            if proc.returncode != 0:
+                status = _status(proc.returncode)
+                # Killed by a signal (segfault, abort) is a crash, not an error it reported.
+                error = BackendCrash if proc.returncode < 0 else BackendError
+                raise error(f"{self.spec.text}: exited with {status}: {_tail(proc.stderr)}")
+            out_path = Path(paths["{outputs}"])
+            if not out_path.exists():
+                raise BackendError(
+                    f"{self.spec.text}: exited 0 but wrote no {out_path.name}: {_tail(proc.stderr)}"
+                )
+            with np.load(out_path, allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+
+    def environment(self) -> dict[str, str] | None:
+        """The child's environment; None inherits ours."""
+        return None
+
+    def describe(self) -> str:
+        # Quoted so that a path with a space reads unambiguously; placeholders stay readable.
+        words = (a if a in PLACEHOLDERS else shlex.quote(a) for a in self.argv)
+        return "exec: " + " ".join(words)
+
+
+def _substitute(arg: str, paths: Mapping[str, str]) -> str:
+    for key, value in paths.items():
+        arg = arg.replace(key, value)
+    return arg
+
+
+def _status(code: int) -> str:
+    return f"signal {-code}" if code < 0 else f"code {code}"
+
+
+def _tail(raw: bytes) -> str:
+    # Runtimes log in whatever encoding they like; the message must survive any of them.
+    stderr = raw.decode("utf-8", errors="replace")
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    return " | ".join(lines[-_STDERR_TAIL:]) or "(no stderr)"

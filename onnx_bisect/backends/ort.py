@@ -1,0 +1,135 @@
+"""ONNX Runtime with any execution provider: ``ort:DEVICE?opt=...&disable=A,B&threads=N``."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy.typing as npt
+import onnx
+
+from onnx_bisect.backends.protocol import BackendBase, Tensors
+from onnx_bisect.backends.spec import BackendSpec
+from onnx_bisect.errors import BackendUnavailableError, SpecError
+from onnx_bisect.graph.save import save_model
+
+__all__ = ["OrtBackend", "PROVIDERS"]
+
+
+PROVIDERS: Mapping[str, str] = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "coreml": "CoreMLExecutionProvider",
+    "dml": "DmlExecutionProvider",
+    "rocm": "ROCMExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
+}
+
+
+_OPT_LEVELS = ("disable", "basic", "extended", "all")
+
+
+# Above this size the bytes API would copy the whole model once more; a file avoids it.
+_BYTES_LIMIT = 1 << 30
+
+
+class OrtBackend(BackendBase):
+    def __init__(self, spec: BackendSpec) -> None:
+        super().__init__(spec)
+        import onnxruntime as ort
+
+        spec.check_options(["opt", "disable", "threads"])
+        device = spec.device or "cpu"
+        if device not in PROVIDERS:
+            choices = ", ".join(PROVIDERS)
+            raise SpecError(
+                f"backend {spec.text!r}: unknown device {device!r}; choose from {choices}"
+            )
+        provider = PROVIDERS[device]
+        available = ort.get_available_providers()
+        if provider not in available:
+            raise BackendUnavailableError(
+                f"backend {spec.text!r}: this onnxruntime {ort.__version__} build has no {provider}"
+                f" (available: {', '.join(available)}); install the onnxruntime package for it"
+            )
+        self.providers = (
+            [provider]
+            if provider == "CPUExecutionProvider"
+            else [
+                provider,
+                "CPUExecutionProvider",
+            ]
+        )
+        opt = spec.option("opt", "all") or "all"
+        if opt not in _OPT_LEVELS:
+            raise SpecError(f"backend {spec.text!r}: opt must be one of {', '.join(_OPT_LEVELS)}")
+        self.opt = opt
+        self.disabled = [d for d in (spec.option("disable") or "").split(",") if d]
+        threads = spec.option("threads")
+        try:
+            self.threads = int(threads) if threads is not None else 0
+        except ValueError:
+            raise SpecError(f"backend {spec.text!r}: threads must be an integer") from None
+
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError as exc:
+            return str(exc)
+        return None
+
+    def _session_options(self) -> Any:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[self.opt]
+        so.log_severity_level = 3
+        # The arena keeps its high-water mark for the session's life; a diagnosis runs many
+        # short sessions next to another runtime, so plain malloc keeps the peak lower.
+        so.enable_cpu_mem_arena = False
+        if self.threads:
+            so.intra_op_num_threads = self.threads
+        return so
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        import onnxruntime as ort
+
+        kwargs: dict[str, Any] = {"providers": self.providers}
+        if self.disabled:
+            kwargs["disabled_optimizers"] = self.disabled
+        if model.ByteSize() < _BYTES_LIMIT:
+            sess = ort.InferenceSession(
+                model.SerializeToString(), self._session_options(), **kwargs
+            )
+            return self._infer(sess, feeds)
+        with tempfile.TemporaryDirectory(prefix="onnx-bisect-ort-") as tmp:
+            path = save_model(model, Path(tmp))
+            sess = ort.InferenceSession(str(path), self._session_options(), **kwargs)
+            return self._infer(sess, feeds)
+
+    @staticmethod
+    def _infer(sess: Any, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        names = [o.name for o in sess.get_outputs()]
+        wanted = {i.name for i in sess.get_inputs()}
+        values = sess.run(names, {k: v for k, v in feeds.items() if k in wanted})
+        return dict(zip(names, values, strict=True))
+
+    def describe(self) -> str:
+        extra = f" opt={self.opt}"
+        if self.disabled:
+            extra += f" disabled={','.join(self.disabled)}"
+        return f"onnxruntime {self.providers[0]}{extra}"
+
+    def versions(self) -> dict[str, str]:
+        import onnxruntime as ort
+
+        return {"onnxruntime": ort.__version__}

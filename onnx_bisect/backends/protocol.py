@@ -1,0 +1,102 @@
+"""The ``Backend`` protocol and ``BackendBase``, which validates and wraps runtime errors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+
+from onnx_bisect.backends.spec import BackendSpec
+from onnx_bisect.errors import BackendError, OnnxBisectError
+
+__all__ = ["Backend", "BackendBase", "Capabilities", "Tensors", "one_line"]
+
+
+Tensors = dict[str, npt.NDArray[Any]]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the search may ask of a backend, declared by the backend rather than guessed.
+
+    ``computes``: runs any model it is given. A dump only replays tensors it holds, so the
+    search never sends it an isolation, window or prefix model.
+    ``partial``: answers only for some tensors; one it does not hold says nothing about the
+    tensor (it is left out of the comparison, not counted as missing).
+    ``child_process``: every run happens in a child process, so a crash or a timeout comes
+    back as ``BackendCrash`` instead of killing the tool.
+    """
+
+    computes: bool = True
+    partial: bool = False
+    child_process: bool = False
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the search needs from a runtime. Implement it without inheriting if you like.
+
+    ``run`` executes ``model`` (whose graph outputs are the tensors wanted) on ``feeds`` and
+    returns every graph output by name. Raise ``BackendError`` when the runtime fails.
+    ``recorded_inputs`` returns the inputs a backend's values were computed from when it did
+    not compute them now (a dump), else None: a diagnosis must then use those inputs.
+    """
+
+    spec: BackendSpec
+    capabilities: Capabilities
+
+    def run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors: ...
+
+    def describe(self) -> str: ...
+
+    def versions(self) -> dict[str, str]: ...
+
+    def recorded_inputs(self) -> Tensors | None: ...
+
+
+class BackendBase:
+    """Validation and error wrapping around ``_run``, so adapters stay small."""
+
+    spec: BackendSpec
+    capabilities: Capabilities = Capabilities()
+
+    def __init__(self, spec: BackendSpec) -> None:
+        self.spec = spec
+
+    def run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        wanted = [o.name for o in model.graph.output]
+        try:
+            out = self._run(model, feeds)
+        except OnnxBisectError:
+            raise
+        except Exception as exc:
+            # Runtimes raise their own types; the message is what the user needs.
+            raise BackendError(f"{self.spec.text}: {one_line(exc)}") from exc
+        missing = [n for n in wanted if n not in out]
+        if missing:
+            raise BackendError(
+                f"{self.spec.text}: did not return output(s) {', '.join(missing[:5])}"
+                + (" ..." if len(missing) > 5 else "")
+            )
+        return {n: np.asarray(out[n]) for n in wanted}
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.spec.text
+
+    def versions(self) -> dict[str, str]:
+        return {}
+
+    def recorded_inputs(self) -> Tensors | None:
+        return None
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:400]

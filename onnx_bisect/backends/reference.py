@@ -1,0 +1,55 @@
+"""``ref``: the ONNX reference evaluator, slow but written from the spec.
+
+``ref?dtype=float64`` runs an upcast copy of the model (``precision.upcast_model``) on float64
+feeds and returns float64 outputs: a reference that rounds far less than the runtimes it judges.
+``dtype=float32``, the default, runs the model as written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy.typing as npt
+import onnx
+
+from onnx_bisect.backends.protocol import BackendBase, Tensors
+from onnx_bisect.backends.spec import BackendSpec
+from onnx_bisect.errors import SpecError
+
+__all__ = ["DTYPES", "ReferenceBackend"]
+
+
+DTYPES = ("float32", "float64")
+
+
+class ReferenceBackend(BackendBase):
+    def __init__(self, spec: BackendSpec) -> None:
+        super().__init__(spec)
+        spec.check_options(["dtype"])
+        dtype = spec.option("dtype", "float32")
+        if dtype not in DTYPES:
+            raise SpecError(
+                f"backend {spec.text!r}: dtype={dtype!r} is not supported; use dtype=float32 "
+                "(the model as written, the default) or dtype=float64 (an upcast copy)"
+            )
+        self.dtype = dtype
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        from onnx.reference import ReferenceEvaluator
+
+        if self.dtype == "float64":
+            from onnx_bisect.transforms.upcast import upcast_feeds, upcast_model
+
+            model, feeds = upcast_model(model), upcast_feeds(feeds)
+        evaluator = ReferenceEvaluator(model)
+        names = [o.name for o in model.graph.output]
+        wanted = set(evaluator.input_names)
+        values = evaluator.run(names, {k: v for k, v in feeds.items() if k in wanted})
+        return dict(zip(names, values, strict=True))
+
+    def describe(self) -> str:
+        return f"onnx.reference.ReferenceEvaluator (onnx {onnx.__version__}, {self.dtype})"
+
+    def versions(self) -> dict[str, str]:
+        return {"onnx": onnx.__version__}

@@ -1,0 +1,252 @@
+"""The commands: ``bisect``/``run``, ``reduce``, ``repro``, ``dump``, ``backends``."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from onnx_bisect.api import bisect as run_bisect
+from onnx_bisect.backends.registry import adapters
+from onnx_bisect.backends.spec import ALIASES
+from onnx_bisect.cli.output import EXIT_DIVERGED, EXIT_MATCH, fail, stdout, user_errors
+from onnx_bisect.cli.params import MetricName, StrategyName, parse_bytes, parse_threshold
+from onnx_bisect.compare.criterion import NOISE_EPS, NOISE_K
+from onnx_bisect.inputs.feeds import parse_shape
+from onnx_bisect.report.files import check_formats, write_reports
+from onnx_bisect.repro.verify import run_bundle
+
+__all__ = ["backends_command", "dump_command", "reduce_command", "repro_command", "run_command"]
+
+
+def run_command(
+    model: Annotated[
+        Path,
+        typer.Argument(help="The ONNX model to diagnose.", metavar="MODEL", show_default=False),
+    ],
+    target: Annotated[str, typer.Option("--target", "-t", help="Backend under test (spec).")],
+    ref: Annotated[str, typer.Option("--ref", "-r", help="Trusted backend (spec).")] = "cpu",
+    target_model: Annotated[
+        Path | None,
+        typer.Option(help="Run this other model on the target (e.g. an optimized copy)."),
+    ] = None,
+    input: Annotated[
+        Path | None, typer.Option("--input", "-i", help=".npz, .npy or test-case dir of .pb")
+    ] = None,
+    shape: Annotated[
+        list[str] | None,
+        typer.Option("--shape", "-s", help="NAME=1x3x640x640; fixes dynamic dims. Repeatable."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed for generated inputs.")] = 0,
+    metric: Annotated[MetricName, typer.Option(help="Metric that decides divergence.")] = "rel_l2",  # type: ignore[assignment]
+    threshold: Annotated[
+        str,
+        typer.Option(
+            help="Divergence threshold for --metric, or 'auto': k × each tensor's fp32 noise "
+            "(measured against a float64 reference) + eps."
+        ),
+    ] = "1e-3",
+    noise_k: Annotated[
+        float, typer.Option(help="With --threshold auto: multiplier on each tensor's fp32 noise.")
+    ] = NOISE_K,
+    noise_eps: Annotated[
+        float, typer.Option(help="With --threshold auto: added to every threshold (rel_l2).")
+    ] = NOISE_EPS,
+    atol: Annotated[
+        float | None, typer.Option(help="Use allclose semantics with this atol.")
+    ] = None,
+    rtol: Annotated[
+        float | None, typer.Option(help="Use allclose semantics with this rtol.")
+    ] = None,
+    max_memory: Annotated[
+        str, typer.Option(help="Most probe output bytes one run may hold, e.g. 4GB, 256MB.")
+    ] = "4GB",
+    strategy: Annotated[
+        StrategyName,
+        typer.Option(
+            help="scan: mark everything; bisect: search over cuts; auto: scan, then "
+            "bisect if marking outputs changes the target's result."
+        ),
+    ] = "auto",  # type: ignore[assignment]
+    isolate_crashes: Annotated[
+        bool | None,
+        typer.Option(
+            "--isolate-crashes/--no-isolate-crashes",
+            help="Run target steps in a child process so a crash is caught and localized "
+            "(always on for exec: targets).",
+            show_default=False,
+        ),
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="Seconds per target run before it counts as a crash.")
+    ] = None,
+    always_scan: Annotated[
+        bool, typer.Option(help="Scan and isolate even when the final outputs agree.")
+    ] = False,
+    topk: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Task-level check: top-K label agreement, K[:OUTPUT][@AXIS][[START:STOP]] "
+            "(e.g. 5:logits, 1:output0@1[4:]). Repeatable; reported, not a verdict.",
+        ),
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write reports here.")] = None,
+    repro: Annotated[
+        bool,
+        typer.Option(
+            help="With --out and a divergence: write a verified repro bundle to OUT/repro."
+        ),
+    ] = True,
+    format: Annotated[
+        str, typer.Option("--format", "-f", help="Report formats: md,json,csv.")
+    ] = "md,json,csv",
+    top: Annotated[int, typer.Option(help="Rows in the terminal's top table.")] = 10,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the exit code.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress.")] = False,
+    debug: Annotated[bool, typer.Option(help="Show tracebacks for internal errors.")] = False,
+) -> None:
+    """Find the first node where TARGET departs from REF, and the node that causes it."""
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    command = shlex.join(["bisect", *_argv_of(model, ref, target, input, shape, out)])
+    with user_errors(debug):
+        shapes = dict(parse_shape(s) for s in shape or [])
+        formats = [f.strip() for f in format.split(",") if f.strip()]
+        check_formats(formats)  # before the diagnosis, not after it
+        result = run_bisect(
+            model,
+            ref=ref,
+            target=target,
+            inputs=input,
+            shapes=shapes,
+            seed=seed,
+            metric=str(metric.value if isinstance(metric, Enum) else metric),
+            threshold=parse_threshold(threshold),
+            noise_k=noise_k,
+            noise_eps=noise_eps,
+            atol=atol,
+            rtol=rtol,
+            max_memory=parse_bytes(max_memory),
+            always_scan=always_scan,
+            target_model=target_model,
+            topk=topk or (),
+            repro=out / "repro" if repro and out is not None else None,
+            isolate_crashes=isolate_crashes,
+            timeout=timeout,
+            strategy=str(strategy.value if isinstance(strategy, Enum) else strategy),
+            command=command,
+        )
+        written = write_reports(result, out, formats) if out is not None else []
+    if not quiet:
+        from onnx_bisect.report import print_summary
+
+        console = stdout()
+        print_summary(result, console, top=top)
+        if written:
+            console.print(f"[dim]reports in {out}/[/]")
+    raise typer.Exit(EXIT_DIVERGED if result.diverged else EXIT_MATCH)
+
+
+def _argv_of(
+    model: Path, ref: str, target: str, inp: Path | None, shape: list[str] | None, out: Path | None
+) -> list[str]:
+    """Reconstruct the invocation for the report, whether called from a shell or a test."""
+    if sys.argv and Path(sys.argv[0]).name in ("bisect", "onnx-bisect"):
+        return sys.argv[1:]
+    args = [str(model), "--ref", ref, "--target", target]
+    if inp is not None:
+        args += ["--input", str(inp)]
+    for s in shape or []:
+        args += ["--shape", s]
+    if out is not None:
+        args += ["--out", str(out)]
+    return args
+
+
+def reduce_command(
+    model: Annotated[Path, typer.Argument(metavar="MODEL", show_default=False)],
+    target: Annotated[str, typer.Option("--target", "-t", help="Backend under test (spec).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Bundle directory.")],
+    ref: Annotated[str, typer.Option("--ref", "-r", help="Trusted backend (spec).")] = "cpu",
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="Inputs file.")] = None,
+    shape: Annotated[list[str] | None, typer.Option("--shape", "-s", help="NAME=DIMS.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for generated inputs.")] = 0,
+    threshold: Annotated[str, typer.Option(help="A number, or 'auto'.")] = "1e-3",
+    debug: Annotated[bool, typer.Option(help="Show tracebacks for internal errors.")] = False,
+) -> None:
+    """Write a minimal, verified repro bundle for MODEL to OUT (no reports)."""
+    with user_errors(debug):
+        shapes = dict(parse_shape(s) for s in shape or [])
+        result = run_bisect(
+            model, ref=ref, target=target, inputs=input, shapes=shapes, seed=seed,
+            threshold=parse_threshold(threshold), repro=out,
+        )  # fmt: skip
+    console = stdout()
+    if result.repro is None:
+        console.print("No divergence: nothing to reduce.")
+        raise typer.Exit(EXIT_MATCH)
+    r = result.repro
+    console.print(f"{r.path}: {len(r.nodes)} of {r.nodes_before} nodes, {r.runs} target runs")
+    console.print(("reproduces: " if r.reproduces else "NOT verified: ") + r.message)
+    raise typer.Exit(EXIT_DIVERGED)
+
+
+def repro_command(
+    bundle: Annotated[Path, typer.Argument(metavar="DIR", show_default=False)],
+    target: Annotated[
+        str | None, typer.Option("--target", "-t", help="Try another backend.")
+    ] = None,
+) -> None:
+    """Re-run a repro bundle: exit 1 if it reproduces, 0 if not, 2 if DIR is not a bundle."""
+
+    if not (bundle / "repro.py").is_file() or not (bundle / "model.onnx").is_file():
+        fail(f"{bundle}: not a repro bundle (no repro.py and model.onnx)")
+    code, output = run_bundle(bundle, target)
+    if code not in (EXIT_MATCH, EXIT_DIVERGED):
+        fail(f"{bundle}: repro.py could not run: {output.splitlines()[-1] if output else code}")
+    stdout().print(output, markup=False)
+    raise typer.Exit(code)
+
+
+def dump_command(
+    model: Annotated[Path, typer.Argument(metavar="MODEL", show_default=False)],
+    backend: Annotated[str, typer.Option("--backend", "-b", help="Backend to dump (spec).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write.")],
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="Inputs file.")] = None,
+    shape: Annotated[list[str] | None, typer.Option("--shape", "-s", help="NAME=DIMS.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for generated inputs.")] = 0,
+    max_memory: Annotated[str, typer.Option(help="Most output bytes per run.")] = "4GB",
+    debug: Annotated[bool, typer.Option(help="Show tracebacks for internal errors.")] = False,
+) -> None:
+    """Write every tensor BACKEND computes to OUT, to compare later with --target dump:OUT."""
+    from onnx_bisect.dumper import dump
+
+    with user_errors(debug):
+        shapes = dict(parse_shape(s) for s in shape or [])
+        done = dump(
+            model, backend, out, inputs=input, shapes=shapes, seed=seed,
+            max_memory=parse_bytes(max_memory),
+        )  # fmt: skip
+    stdout().print(f"{done.tensors} tensors from {backend} in {done.path}/ ({done.runs} run(s))")
+
+
+def backends_command() -> None:
+    """List each backend adapter and whether it can run here (and why not)."""
+    table = Table(title="Backends")
+    for col in ("name", "available", "description"):
+        table.add_column(col)
+    for name, adapter in sorted(adapters().items()):
+        reason = adapter.availability()
+        table.add_row(name, "yes" if reason is None else f"no: {reason}", adapter.description)
+    console = stdout()
+    console.print(table)
+    aliases = ", ".join(f"{k} = {v[0]}:{v[1]}" for k, v in ALIASES.items())
+    console.print(f"aliases: {aliases}")

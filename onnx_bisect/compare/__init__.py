@@ -1,0 +1,1 @@
+"""Comparing tensors: pure metrics, the divergence criterion, noise floors, task-level top-k."""

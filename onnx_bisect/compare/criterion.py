@@ -1,0 +1,139 @@
+"""What "diverged" means: the ``Criterion`` and the ``Comparison`` it yields for one tensor."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+import numpy.typing as npt
+
+from onnx_bisect.compare.metrics import METRICS
+
+__all__ = ["Comparison", "Criterion", "NOISE_EPS", "NOISE_K", "Status"]
+
+Array = npt.NDArray[np.generic]
+
+
+# Noise-floor thresholds: diverged when error > K × (fp32 reference vs float64) + EPS. torch's
+# `same()` uses a multiplier of 2-3 for fp64-anchored checks; two fp32 runtimes that sum in
+# different orders can each sit on either side of the exact value, hence 4. EPS keeps tensors
+# that fp32 computes exactly (copies, integer-valued math) from flagging last-bit noise.
+NOISE_K = 4.0
+
+
+NOISE_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """What "diverged" means: one metric against a threshold, or allclose(atol, rtol), or
+    (``noise`` set) rel_l2 against ``k`` times the tensor's own fp32 noise floor plus ``eps``.
+
+    ``noise(tensor, reference_value)`` returns how far the fp32 reference itself is from a
+    float64 computation of that tensor (rel_l2), or None where it is not known.
+    """
+
+    metric: str = "rel_l2"
+    threshold: float = 1e-3
+    atol: float | None = None
+    rtol: float | None = None
+    noise: Callable[[str, Array], float | None] | None = field(default=None, compare=False)
+    k: float = NOISE_K
+    eps: float = NOISE_EPS
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise ValueError(f"unknown metric {self.metric!r}; choose from {', '.join(METRICS)}")
+        if self.noise is not None and (self.metric != "rel_l2" or self.allclose):
+            raise ValueError("a noise-floor threshold (--threshold auto) needs --metric rel_l2")
+
+    @property
+    def auto(self) -> bool:
+        return self.noise is not None
+
+    def threshold_for(self, tensor: str, ref: Array) -> tuple[float, float | None]:
+        """The threshold that applies to ``tensor``, and the noise floor it came from."""
+        if self.noise is None:
+            return self.threshold, None
+        floor = self.noise(tensor, ref)
+        if floor is None:
+            return self.threshold, None
+        return self.k * floor + self.eps, floor
+
+    @property
+    def allclose(self) -> bool:
+        return self.atol is not None or self.rtol is not None
+
+    @property
+    def key(self) -> str:
+        """Name of the number that decides: the metric, or the allclose mismatch fraction."""
+        return "mismatch" if self.allclose else self.metric
+
+    def describe(self) -> str:
+        if self.allclose:
+            return f"allclose(atol={self.atol_value:g}, rtol={self.rtol_value:g})"
+        if self.auto:
+            return f"{self.metric} > {self.k:g} × fp32 noise + {self.eps:g}"
+        op = ">" if METRICS[self.metric].higher_is_worse else "<"
+        return f"{self.metric} {op} {self.threshold:g}"
+
+    @property
+    def atol_value(self) -> float:
+        return 1e-5 if self.atol is None else self.atol
+
+    @property
+    def rtol_value(self) -> float:
+        return 1e-3 if self.rtol is None else self.rtol
+
+    def badness(self, c: Comparison) -> float:
+        """Orders comparisons worst-first: structural mismatches, then by the deciding number."""
+        if c.status not in (Status.OK, Status.DIVERGED):
+            return math.inf
+        if math.isnan(c.score):
+            return math.inf
+        if self.allclose or METRICS[self.metric].higher_is_worse:
+            return c.score
+        return -c.score
+
+    def exceeds(self, value: float, threshold: float | None = None) -> bool:
+        limit = self.threshold if threshold is None else threshold
+        if math.isnan(value):
+            return True
+        if self.allclose:
+            return value > 0.0
+        if METRICS[self.metric].higher_is_worse:
+            return value > limit
+        return value < limit
+
+
+class Status(StrEnum):
+    OK = "ok"
+    DIVERGED = "diverged"
+    NONFINITE = "nonfinite-mismatch"
+    SHAPE = "shape-mismatch"
+    DTYPE = "dtype-mismatch"
+    MISSING = "missing"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The comparison of one tensor between reference and target."""
+
+    tensor: str
+    status: Status
+    score: float
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    ref_dtype: str = ""
+    target_dtype: str = ""
+    shape: tuple[int, ...] = ()
+    nonfinite_mismatch: int = 0
+    reason: str = ""
+    threshold: float | None = None  # what the deciding number was held against
+    noise: float | None = None  # the fp32 noise floor behind an automatic threshold
+
+    @property
+    def diverged(self) -> bool:
+        return self.status is not Status.OK

@@ -1,0 +1,79 @@
+"""The cut search: binary search over topological positions with only live tensors marked.
+
+Each target run computes a prefix of the graph and marks only the tensors live across the cut,
+so the target keeps its fusions everywhere else; that is what finds a bug that hides whenever
+its tensors are observed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy.typing as npt
+
+from onnx_bisect.compare.criterion import Comparison
+from onnx_bisect.compare.tensors import compare_tensors
+from onnx_bisect.engine.runs import timed_run
+from onnx_bisect.engine.search import (
+    CutSearch,
+    SearchOutcome,
+)
+from onnx_bisect.engine.session import Session
+from onnx_bisect.engine.store import TensorStore
+from onnx_bisect.graph.extract import live_tensors, prefix_model
+from onnx_bisect.graph.view import NodeInfo
+from onnx_bisect.result import SearchInfo
+
+__all__ = ["CutResult", "cut_search", "search_info"]
+
+log = logging.getLogger(__name__)
+
+Feeds = Mapping[str, npt.NDArray[Any]]
+
+
+@dataclass(frozen=True)
+class CutResult:
+    outcome: SearchOutcome
+    node: NodeInfo  # the node just before the transition: its outputs first diverge
+    comparisons: Mapping[str, Comparison]  # every live tensor compared during the search
+
+
+def cut_search(session: Session, store: TensorStore) -> CutResult:
+    """Find the first position after which the target's live tensors diverge.
+
+    Position 0 (nothing computed) is known good and position N (the plain model) known bad, so
+    this costs about ⌈log2 N⌉ target runs.
+    """
+    s, loaded = session, session.loaded
+    seen: dict[str, Comparison] = {}
+
+    def diverged(position: int) -> bool:
+        live = live_tensors(loaded, position)
+        if not live:
+            return False
+        out = timed_run(s.target, prefix_model(loaded, position), s.feeds, "target", s.stats)
+        found = False
+        for t in live:
+            c = compare_tensors(t, store.get(t), out.get(t), s.crit)
+            seen[t] = c
+            found = found or c.diverged
+        log.info("cut search: position %d (%d live) %s", position, len(live), found)
+        return found
+
+    outcome = CutSearch(0, len(loaded.nodes)).run(diverged)
+    return CutResult(outcome, loaded.nodes[outcome.transition - 1], seen)
+
+
+def search_info(outcome: SearchOutcome, reason: str, node: NodeInfo) -> SearchInfo:
+    """How a search over cuts went, for the report."""
+    return SearchInfo(
+        reason=reason,
+        runs=outcome.runs,
+        probes=outcome.probes,
+        monotone=outcome.monotone,
+        refined=outcome.refined,
+        transition_node=node.name,
+    )

@@ -1,0 +1,218 @@
+"""The stages in order: prepare (once), open a session (per input), screen, strategy.
+
+``prepare`` loads the model, builds the backends and applies transforms; ``open_session`` adds
+one input's feeds, sizes and criterion (with noise floors for ``--threshold auto``);
+``diagnose`` screens and hands a divergence to a strategy, or a crash to the crash search;
+``to_result`` turns what was found into a ``BisectResult``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from onnx_bisect.backends.environment import environment
+from onnx_bisect.backends.protocol import Backend
+from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.backends.spec import BackendSpec, parse_spec
+from onnx_bisect.compare.noise import NoiseFloor
+from onnx_bisect.compare.topk import TopKCheck, TopKSpec, topk_checks
+from onnx_bisect.engine.crash import crash_search
+from onnx_bisect.engine.found import Found
+from onnx_bisect.engine.judge import widespread
+from onnx_bisect.engine.observe import Observed, measure_float64, screen
+from onnx_bisect.engine.session import Feeds, Session, Setup, StageTimer
+from onnx_bisect.engine.strategies import STRATEGIES, choose
+from onnx_bisect.errors import BackendCrash, InputError
+from onnx_bisect.graph.load import load_model
+from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
+from onnx_bisect.graph.view import LoadedModel
+from onnx_bisect.inputs.feeds import input_specs, make_feeds, validate_feeds
+from onnx_bisect.options import BisectOptions, ModelLike
+from onnx_bisect.result import BackendInfo, BisectResult, ReproInfo
+from onnx_bisect.transforms.apply import transformed
+from onnx_bisect.transforms.registry import TransformRecord
+
+__all__ = ["BackendLike", "Diagnosis", "diagnose", "open_session", "prepare", "to_result"]
+
+log = logging.getLogger(__name__)
+
+BackendLike = str | BackendSpec | Backend
+IN_MEMORY = "<in-memory ModelProto>"
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The screen's observation (None when the target crashed on the whole model) and what
+    the strategy found (None when the outputs agree and nothing more was asked)."""
+
+    screened: Observed | None
+    found: Found | None
+    diverged: bool
+
+
+def prepare(
+    model: ModelLike,
+    ref: BackendLike,
+    target: BackendLike,
+    options: BisectOptions,
+    timer: StageTimer,
+) -> tuple[Setup, Feeds]:
+    """Load the model, build both backends, make the feeds and apply ``+transform``s."""
+    with timer.stage("load"):
+        topk = options.topk_specs()
+        loaded = load_model(model)
+        _check_topk_outputs(topk, loaded)
+        ref_spec, tgt_spec = _spec(ref), _spec(target)
+        ref_b = _backend(ref, in_child=False, timeout=None)
+        tgt_b = _backend(target, in_child=bool(options.isolate_crashes), timeout=options.timeout)
+        inputs = options.inputs
+        if inputs is None:
+            # A dump carries the inputs it was made with; comparing other inputs would be noise.
+            inputs = next(
+                (d for b in (ref_b, tgt_b) if (d := b.recorded_inputs()) is not None), None
+            )
+        feeds = make_feeds(
+            loaded.model,
+            inputs=Path(inputs) if isinstance(inputs, str) else inputs,
+            shapes=options.shapes,
+            seed=options.seed,
+        )
+        other = load_model(options.target_model) if options.target_model is not None else None
+        label = str(other.path or IN_MEMORY) if other else ""
+        records: list[TransformRecord] = []
+        ref_t, tgt_t = _transforms(ref_spec), _transforms(tgt_spec)
+        if ref_t or tgt_t:
+            loaded, other, label, records = transformed(loaded, other, ref_t, tgt_t, feeds)
+        if other is not None:
+            validate_feeds(feeds, input_specs(other.model))
+    setup = Setup(
+        loaded=loaded,
+        ref=ref_b,
+        target=tgt_b,
+        ref_info=_info(ref_b, ref_spec),
+        target_info=_info(tgt_b, tgt_spec),
+        options=options,
+        target_model=other,
+        target_label=label,
+        transforms=tuple(records),
+        topk=topk,
+        versions=environment(ref_b, tgt_b),
+        target_from_spec=isinstance(target, str | BackendSpec),
+        notes=(*loaded.notes, *(r.summary() for r in records)),
+    )
+    return setup, feeds
+
+
+def open_session(setup: Setup, feeds: Feeds, scratch: Path, timer: StageTimer) -> Session:
+    """One input's session: sizes with the actual input shapes, and the criterion, with
+    per-tensor noise floors measured against float64 for ``--threshold auto``."""
+    loaded, options = setup.loaded, setup.options
+    sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))
+    crit = options.criterion()
+    session = Session(setup, feeds, crit, sizes, scratch, timer=timer, notes=list(setup.notes))
+    if options.auto_threshold:
+        with timer.stage("float64"):
+            float64 = measure_float64(session)
+        session.crit = replace(
+            crit, noise=NoiseFloor(float64), k=options.noise_k, eps=options.noise_eps
+        )
+    return session
+
+
+def diagnose(session: Session) -> Diagnosis:
+    """Screen; a crash goes to the crash search, a divergence to the chosen strategy."""
+    options = session.options
+    try:
+        with session.timer.stage("screen"):
+            screened = screen(session)
+    except BackendCrash as exc:
+        if exc.role != "target":
+            raise
+        return Diagnosis(None, crash_search(session, exc), diverged=True)
+    # After a transform the per-tensor picture is the point (fp16's error curve, proof that
+    # no renamed tensor moved), so the scan runs even when the outputs agree.
+    if not screened.diverged and not options.always_scan and not session.setup.transforms:
+        return Diagnosis(screened, None, diverged=False)
+    found = STRATEGIES[choose(session)](session, screened)
+    return Diagnosis(screened, found, screened.diverged)
+
+
+def to_result(session: Session, diagnosis: Diagnosis, repro: ReproInfo | None) -> BisectResult:
+    """The ``BisectResult`` of a diagnosis, with the bundle written for it (if any)."""
+    setup, found, screened = session.setup, diagnosis.found, diagnosis.screened
+    notes = list(session.notes)
+    first = found.first if found else None
+    if found is not None:
+        notes += widespread(found.nodes)
+        if not diagnosis.diverged and first is not None:
+            notes.append(
+                f"the final outputs agree, but {first.name!r} and later tensors diverge inside "
+                "the graph: the error does not reach the outputs beyond the threshold"
+            )
+    checks: tuple[TopKCheck, ...] = ()
+    if screened is not None:
+        checks = tuple(topk_checks(list(setup.topk), screened.ref_outputs, screened.target_outputs))
+    return BisectResult(
+        verdict="diverged" if diagnosis.diverged else "match",
+        model=str(setup.loaded.path or IN_MEMORY),
+        ref=setup.ref_info,
+        target=setup.target_info,
+        criterion=session.crit,
+        strategy=found.strategy if found else "screen",
+        outputs=tuple(screened.comparisons.values()) if screened else (),
+        first_divergence=first,
+        root_cause=found.cause if found and (diagnosis.diverged or first) else None,
+        nodes=found.nodes if found else (),
+        not_probed=setup.loaded.not_probed,
+        inputs=session.feeds,
+        timings=session.timer.finish(),
+        runs=dict(session.stats.runs),
+        notes=tuple(notes),
+        versions=setup.versions,
+        command=setup.options.command,
+        search=found.search if found else None,
+        chain=found.chain if found else (),
+        repro=repro,
+        matching=found.matching if found else None,
+        target_model=setup.target_label,
+        transforms=setup.transforms,
+        task_checks=tuple(checks),
+    )
+
+
+def _backend(b: BackendLike, *, in_child: bool, timeout: float | None) -> Backend:
+    if not isinstance(b, str | BackendSpec):
+        if in_child:
+            raise InputError(
+                "isolate_crashes needs the backend as a spec string (e.g. 'pkg.module:Class'), "
+                "so that a child process can build it"
+            )
+        return b
+    spec = (parse_spec(b) if isinstance(b, str) else b).without_transforms()
+    return create_backend(spec, in_child=in_child, timeout=timeout)
+
+
+def _spec(b: BackendLike) -> BackendSpec | None:
+    if isinstance(b, str):
+        return parse_spec(b)
+    return b if isinstance(b, BackendSpec) else None
+
+
+def _transforms(spec: BackendSpec | None) -> tuple[str, ...]:
+    return spec.transforms if spec is not None else ()
+
+
+def _info(b: Backend, spec: BackendSpec | None) -> BackendInfo:
+    # The spec as written, transforms included: the backend itself only knows the runtime part.
+    return BackendInfo(spec.text if spec else b.spec.text, b.describe(), b.versions())
+
+
+def _check_topk_outputs(specs: tuple[TopKSpec, ...], loaded: LoadedModel) -> None:
+    for spec in specs:
+        if spec.output is not None and spec.output not in loaded.outputs:
+            known = ", ".join(loaded.outputs)
+            raise InputError(
+                f"--topk {spec.text}: the model has no output {spec.output!r} (outputs: {known})"
+            )

@@ -1,0 +1,31 @@
+"""``Found``: what a strategy concluded, before it becomes a ``BisectResult``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnx_bisect.engine.store import TensorStore
+from onnx_bisect.graph.match import Matching
+from onnx_bisect.graph.view import LoadedModel
+from onnx_bisect.result import ChainLink, NodeResult, RootCause, SearchInfo
+
+__all__ = ["Found"]
+
+
+@dataclass(frozen=True)
+class Found:
+    """Per-node verdicts, the first divergence and the root cause, and how they were reached.
+
+    ``store`` holds the reference's values under the names of ``cut_from``, the model a repro
+    bundle is cut from (the target's model in two-model mode).
+    """
+
+    strategy: str
+    nodes: tuple[NodeResult, ...]
+    first: NodeResult | None
+    cause: RootCause | None
+    search: SearchInfo | None = None
+    chain: tuple[ChainLink, ...] = ()
+    matching: Matching | None = None
+    store: TensorStore | None = None
+    cut_from: LoadedModel | None = None

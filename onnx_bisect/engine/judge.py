@@ -1,0 +1,226 @@
+"""The search: screen, scan, isolate, and the verdicts they imply.
+
+The verdict logic (``judge``) is pure: it sees comparisons and node wiring, never ONNX. Graph
+surgery comes from ``model``, running from ``run``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from onnx_bisect.compare.criterion import Comparison, Criterion
+from onnx_bisect.compare.tensors import compare_tensors
+from onnx_bisect.engine.isolate import IsolationFailure
+from onnx_bisect.engine.observe import Observed
+from onnx_bisect.graph.view import LoadedModel, NodeInfo
+from onnx_bisect.result import (
+    NodeResult,
+    RootCause,
+    Verdict,
+)
+
+__all__ = [
+    "culprit_cause",
+    "dump_verdicts",
+    "first_divergence",
+    "judge",
+    "mark_pattern",
+    "observer_problem",
+    "root_cause",
+    "widespread",
+]
+
+
+def judge(
+    loaded: LoadedModel,
+    accumulated: Mapping[str, Comparison],
+    isolated: Mapping[str, dict[str, Comparison] | IsolationFailure],
+    crit: Criterion,
+) -> list[NodeResult]:
+    """Per-node verdicts from the accumulated and isolated comparisons."""
+    results: list[NodeResult] = []
+    for n in loaded.nodes:
+        acc = _worst([accumulated[t] for t in n.outputs if t in accumulated], crit)
+        iso_entry = isolated.get(n.name)
+        iso: Comparison | None = None
+        note = ""
+        if isinstance(iso_entry, IsolationFailure):
+            if iso_entry.crashed:
+                verdict = Verdict.CRASHED
+            else:
+                verdict = Verdict.UNSUPPORTED if iso_entry.unsupported else Verdict.FAILED
+            note = f"target could not run this node alone: {iso_entry.message}"
+        else:
+            iso = _worst(list(iso_entry.values()), crit) if iso_entry else None
+            if iso is not None and iso.diverged:
+                verdict = Verdict.CULPRIT
+            elif acc is not None and acc.diverged:
+                verdict = Verdict.PROPAGATED
+            elif acc is None and iso is None:
+                verdict = Verdict.NOT_PROBED
+            else:
+                verdict = Verdict.OK
+        results.append(
+            NodeResult(
+                index=n.index,
+                name=n.name,
+                op_type=n.op_type,
+                inputs=n.inputs,
+                outputs=n.outputs,
+                verdict=verdict,
+                accumulated=acc,
+                isolated=iso,
+                amplification=_amplification(n, acc, accumulated),
+                note=note,
+            )
+        )
+    return results
+
+
+def _worst(comparisons: Sequence[Comparison], crit: Criterion) -> Comparison | None:
+    if not comparisons:
+        return None
+    return max(comparisons, key=crit.badness)
+
+
+def _amplification(
+    node: NodeInfo, acc: Comparison | None, accumulated: Mapping[str, Comparison]
+) -> float | None:
+    """Output error ÷ worst input error, both as rel_l2: how much this node grows the error."""
+    if acc is None or "rel_l2" not in acc.metrics:
+        return None
+    ins = [accumulated[t].metrics.get("rel_l2", 0.0) for t in node.inputs if t in accumulated]
+    worst_in = max((x for x in ins if x == x), default=0.0)
+    out = acc.metrics["rel_l2"]
+    if worst_in <= 0.0 or out != out:
+        return None
+    return out / worst_in
+
+
+def first_divergence(nodes: Sequence[NodeResult]) -> NodeResult | None:
+    return next((n for n in nodes if n.diverged), None)
+
+
+def culprit_cause(node: NodeResult) -> RootCause:
+    iso = node.isolated
+    why = (iso.reason or iso.status.value) if iso is not None else "isolated"
+    return RootCause(
+        "culprit",
+        (node.name,),
+        f"{node.op_type} {node.name!r} diverges on its own when fed the reference's inputs ({why})",
+    )
+
+
+def root_cause(nodes: Sequence[NodeResult], first: NodeResult | None) -> RootCause | None:
+    """The earliest culprit; when no node is wrong on its own, say so plainly."""
+    culprit = next((n for n in nodes if n.verdict is Verdict.CULPRIT), None)
+    if culprit is not None and culprit.isolated is not None:
+        return culprit_cause(culprit)
+    if first is None:
+        return RootCause(
+            "none",
+            (),
+            "the final outputs diverge but no probed tensor does: marking intermediates as "
+            "outputs changes the target's result (a fusion is likely involved)",
+        )
+    failed = [n.name for n in nodes if n.verdict in (Verdict.UNSUPPORTED, Verdict.FAILED)]
+    extra = f"; the target could not run {', '.join(failed[:3])} alone" if failed else ""
+    return RootCause(
+        "none",
+        (),
+        "no single node diverges when fed the reference's inputs: the error comes from a "
+        "pattern of nodes or from accumulated rounding" + extra,
+    )
+
+
+def widespread(nodes: Sequence[NodeResult]) -> list[str]:
+    """Many culprits at once is a precision policy (bf16, fp16, TF32), not one bad kernel."""
+    culprits = [n for n in nodes if n.verdict is Verdict.CULPRIT]
+    ops = sorted({n.op_type for n in culprits})
+    if len(culprits) < 5 or len(culprits) < 0.1 * sum(1 for n in nodes if n.isolated):
+        return []
+    return [
+        f"{len(culprits)} nodes ({', '.join(ops[:4])}) are each wrong on their own: that is "
+        "usually the target computing at lower precision (bf16/fp16/TF32) rather than one bad "
+        "kernel; compare at fp32 (e.g. openvino?precision=f32) to test the kernels, or use "
+        "--threshold auto to see which errors exceed fp32 rounding"
+    ]
+
+
+def dump_verdicts(
+    loaded: LoadedModel, accumulated: Mapping[str, Comparison], crit: Criterion
+) -> tuple[list[NodeResult], NodeResult | None, RootCause | None]:
+    """Verdicts from accumulated errors alone: a divergent node with clean inputs is the
+    culprit as far as a dump can tell."""
+    nodes = judge(loaded, accumulated, {}, crit)
+    diverged = {t for t, c in accumulated.items() if c.diverged}
+    derived = []
+    for n in nodes:
+        if n.diverged and not any(t in diverged for t in n.inputs):
+            n = replace(
+                n,
+                verdict=Verdict.CULPRIT,
+                note="derived from the dump: its inputs match the reference, its output does not",
+            )
+        derived.append(n)
+    first = first_divergence(derived)
+    culprit = next((n for n in derived if n.verdict is Verdict.CULPRIT), None)
+    cause = None
+    if culprit is not None:
+        cause = RootCause(
+            "culprit",
+            (culprit.name,),
+            f"{culprit.op_type} {culprit.name!r}: its inputs match the reference and its output "
+            "does not (derived from a dump, which cannot be isolated; a fusion ending at this "
+            "node is as likely as a kernel bug)",
+        )
+    elif first is not None:
+        cause = RootCause("none", (), "the dump diverges, but no node with clean inputs does")
+    return derived, first, cause
+
+
+def observer_problem(plain: Observed, instrumented: Observed, crit: Criterion) -> str:
+    """Marking outputs can break the target's fusions; say so when the results show it."""
+    changed = [
+        n
+        for n, v in instrumented.target_outputs.items()
+        if n in plain.target_outputs
+        and compare_tensors(n, plain.target_outputs[n], v, crit).diverged
+    ]
+    if changed:
+        return (
+            "instrumentation changes the target's result: with every tensor marked as an "
+            f"output, {', '.join(changed[:3])} differ from the plain run (a fusion is likely "
+            "involved)"
+        )
+    if plain.diverged and not instrumented.diverged:
+        return (
+            "instrumentation changes the target's result: the plain run diverges but the run "
+            "with every tensor marked as an output does not (likely a fusion the markers break)"
+        )
+    return ""
+
+
+def mark_pattern(
+    nodes: Sequence[NodeResult], first: NodeResult, window: Sequence[NodeInfo], worst: Comparison
+) -> tuple[list[NodeResult], NodeResult, RootCause]:
+    """Verdicts once a window reproduces what no node does alone: the first divergence and the
+    window's divergent nodes become ``pattern``, and the window is the root cause."""
+    names = tuple(n.name for n in window)
+    ops = " -> ".join(n.op_type for n in window)
+    cause = RootCause(
+        "pattern",
+        names,
+        f"no node diverges alone, but the window {ops} ({len(names)} nodes) does when fed the "
+        f"reference's inputs ({worst.reason or worst.status.value}): a pattern or fusion bug",
+    )
+    inside = set(names)
+    note = f"pattern window: {', '.join(names)}"
+    marked = [
+        replace(n, verdict=Verdict.PATTERN, note=note)
+        if n.name == first.name or (n.name in inside and n.diverged)
+        else n
+        for n in nodes
+    ]
+    return marked, next(n for n in marked if n.name == first.name), cause

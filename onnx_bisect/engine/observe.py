@@ -1,0 +1,152 @@
+"""Observing the backends: the plain screen, and every probe run on one loop.
+
+``probe_runs`` is the one place that marks tensors as outputs in memory-bounded chunks; the
+scan (both backends), the float64 noise reference, the two-model target run and ``dump`` all
+run through it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy.typing as npt
+import onnx
+
+from onnx_bisect.backends.protocol import Backend, Tensors
+from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.compare.criterion import Comparison
+from onnx_bisect.compare.tensors import compare_tensors
+from onnx_bisect.engine.runs import plan_chunks, run_pair, timed_run
+from onnx_bisect.engine.session import Session
+from onnx_bisect.engine.store import TensorStore
+from onnx_bisect.errors import BackendError
+from onnx_bisect.graph.extract import with_outputs
+
+__all__ = ["Observed", "answered", "measure_float64", "probe_runs", "scan", "screen"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Comparisons from a run of both backends, and the target's final outputs from it (kept
+    to tell whether marking outputs changed what the target computes)."""
+
+    comparisons: Mapping[str, Comparison]
+    target_outputs: Mapping[str, npt.NDArray[Any]]
+    ref_outputs: Mapping[str, npt.NDArray[Any]] = field(default_factory=dict)
+
+    @property
+    def diverged(self) -> bool:
+        return any(c.diverged for c in self.comparisons.values())
+
+
+def probe_runs(
+    model: onnx.ModelProto,
+    names: Sequence[str],
+    sizes: Mapping[str, int | None],
+    budget: int,
+    run: Callable[[onnx.ModelProto], T],
+) -> Iterator[tuple[list[str], T]]:
+    """``names`` marked as outputs of ``model`` in chunks of at most ``budget`` bytes; yields
+    each chunk with what ``run`` returned for that chunk's model."""
+    chunks = plan_chunks(names, sizes, budget)
+    log.info("%d probes in %d chunk(s)", len(names), len(chunks))
+    for i, chunk in enumerate(chunks):
+        log.debug("probe run %d/%d (%d tensors)", i + 1, len(chunks), len(chunk))
+        yield chunk, run(with_outputs(model, chunk))
+
+
+def screen(session: Session) -> Observed:
+    """Plain runs of both backends, compared on the final outputs only (those of both models
+    when the target runs another model)."""
+    s, loaded = session, session.loaded
+    other = s.setup.target_model or loaded
+    ref_out, tgt_out = run_pair(
+        lambda: timed_run(s.ref, loaded.model, s.feeds, "ref", s.stats),
+        lambda: timed_run(s.target, other.model, s.feeds, "target", s.stats),
+        s.options.parallel,
+    )
+    names = [n for n in loaded.outputs if n in set(other.outputs)]
+    shown = [n for n in names if answered(n, s.ref, ref_out, s.target, tgt_out)]
+    if not shown:
+        raise BackendError(
+            "no final output to compare: the models share no output name, or neither backend "
+            "holds one"
+        )
+    return Observed(
+        {n: compare_tensors(n, ref_out.get(n), tgt_out.get(n), s.crit) for n in shown},
+        {n: tgt_out[n] for n in shown if n in tgt_out},
+        {n: ref_out[n] for n in shown if n in ref_out},
+    )
+
+
+def answered(
+    name: str,
+    ref: Backend,
+    ref_out: Mapping[str, Any],
+    target: Backend | None,
+    tgt_out: Mapping[str, Any],
+) -> bool:
+    """A partial backend (a dump) that does not hold a tensor says nothing about it."""
+    missing_ref = name not in ref_out and ref.capabilities.partial
+    missing_tgt = name not in tgt_out and target is not None and target.capabilities.partial
+    return not (missing_ref or missing_tgt)
+
+
+def scan(session: Session, store: TensorStore, *, observe_target: bool = True) -> Observed:
+    """Both backends with every probe marked, in chunks of at most the memory budget.
+
+    The reference's values go to ``store`` for isolation; the target's are compared and dropped
+    (its final outputs are kept). Without ``observe_target`` only the reference runs, to fill
+    ``store`` for a search that observes the target elsewhere.
+    """
+    s, loaded = session, session.loaded
+
+    def run(marked: onnx.ModelProto) -> tuple[Tensors, Tensors | None]:
+        if not observe_target:
+            return timed_run(s.ref, marked, s.feeds, "ref", s.stats), None
+        return run_pair(
+            lambda: timed_run(s.ref, marked, s.feeds, "ref", s.stats),
+            lambda: timed_run(s.target, marked, s.feeds, "target", s.stats),
+            s.options.parallel,
+        )
+
+    comparisons: dict[str, Comparison] = {}
+    finals: dict[str, npt.NDArray[Any]] = {}
+    outputs = set(loaded.outputs)
+    for chunk, (ref_out, tgt_out) in probe_runs(
+        loaded.model, loaded.probes, s.sizes, s.budget, run
+    ):
+        for name in chunk:
+            if name not in ref_out:  # a dump reference that does not hold it
+                continue
+            store.put(name, ref_out[name])
+            if tgt_out is None or not answered(name, s.ref, ref_out, s.target, tgt_out):
+                continue
+            comparisons[name] = compare_tensors(name, ref_out[name], tgt_out.get(name), s.crit)
+            if name in outputs and name in tgt_out:
+                finals[name] = tgt_out[name]
+    return Observed(comparisons, finals)
+
+
+def measure_float64(session: Session) -> TensorStore:
+    """Every probe computed in float64 by the reference evaluator (``ref?dtype=float64``)."""
+    s, loaded = session, session.loaded
+    backend = create_backend("ref?dtype=float64")
+    store = s.store("float64", factor=2)
+    doubled = {k: None if v is None else 2 * v for k, v in s.sizes.items()}
+
+    def run(marked: onnx.ModelProto) -> Tensors:
+        return timed_run(backend, marked, s.feeds, "float64", s.stats)
+
+    for chunk, out in probe_runs(loaded.model, loaded.probes, doubled, s.budget, run):
+        for name in chunk:
+            store.put(name, out[name])
+    log.info("float64 reference: %d tensors", len(loaded.probes))
+    return store

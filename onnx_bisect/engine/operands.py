@@ -1,0 +1,62 @@
+"""The reference's tensors as operands of a cut subgraph: what is fed, what is embedded."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+
+from onnx_bisect.engine.store import TensorStore
+from onnx_bisect.graph.view import LoadedModel, NodeInfo, TensorMeta
+
+__all__ = ["is_constant", "reference_fed", "reference_operands"]
+
+
+# Integer tensors this small are shapes, axes and indices: values the graph treats as constants.
+_SMALL_INT = 64
+
+
+def reference_fed(
+    loaded: LoadedModel,
+    store: TensorStore,
+    feeds: Mapping[str, npt.NDArray[Any]],
+    nodes: Sequence[NodeInfo],
+    cut: Callable[
+        [Mapping[str, TensorMeta], Mapping[str, npt.NDArray[Any]]],
+        tuple[onnx.ModelProto, dict[str, str]],
+    ],
+) -> tuple[onnx.ModelProto, dict[str, npt.NDArray[Any]]]:
+    """``nodes`` cut out of ``loaded`` by ``cut`` (an isolation or window model), with the
+    feeds that give it the reference's operands: the model inputs it reads, and for every tensor
+    cut off the reference's value in the model's own dtype. ``cut`` gets the fed tensors' types
+    and the small constants to embed; it returns the model and its feed map."""
+    metas, constants = reference_operands(loaded, store, [t for n in nodes for t in n.inputs])
+    model, fed = cut(metas, constants)
+    used = {i.name for i in model.graph.input}
+    out = {k: v for k, v in feeds.items() if k in used}
+    out.update({name: loaded.as_fed(t, store.get(t)) for name, t in fed.items()})
+    return model, out
+
+
+def reference_operands(
+    loaded: LoadedModel, store: TensorStore, needed: Sequence[str]
+) -> tuple[dict[str, TensorMeta], dict[str, npt.NDArray[Any]]]:
+    """Types for the fed reference tensors, and the values to embed as constants, both in the
+    model's own dtypes (a float64 reference must still feed a float32 kernel)."""
+    metas = {t: loaded.fed_meta(t, m) for t, m in store.metas.items()}
+    constants = {t: loaded.as_fed(t, store.get(t)) for t in needed if is_constant(t, loaded, store)}
+    return metas, constants
+
+
+def is_constant(tensor: str, loaded: LoadedModel, store: TensorStore) -> bool:
+    if tensor not in store:
+        return False
+    producer = loaded.producer.get(tensor)
+    if producer is not None and producer.op_type == "Constant":
+        return True
+    meta = store.meta(tensor)
+    small = int(np.prod(meta.shape, dtype=np.int64)) <= _SMALL_INT
+    return small and not np.issubdtype(meta.dtype, np.floating)

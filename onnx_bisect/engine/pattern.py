@@ -1,0 +1,122 @@
+"""Narrowing down a root cause that one node alone does not show.
+
+- ``cut_search``: binary search over topological positions, where each target run marks only
+  the tensors live across the cut, so the target keeps its fusions everywhere else.
+- ``find_pattern``: the smallest window of connected nodes that reproduces the divergence when
+  fed the reference's inputs, grown backward along producers and forward along consumers.
+
+The search state lives in ``search``; graph surgery in ``model``; this module runs the target
+and compares.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy.typing as npt
+
+from onnx_bisect.compare.criterion import Comparison
+from onnx_bisect.compare.tensors import compare_tensors
+from onnx_bisect.engine.operands import is_constant, reference_fed
+from onnx_bisect.engine.runs import timed_run
+from onnx_bisect.engine.search import (
+    backward_windows,
+    closure_windows,
+    forward_windows,
+)
+from onnx_bisect.engine.session import Session
+from onnx_bisect.engine.store import TensorStore
+from onnx_bisect.errors import BackendError
+from onnx_bisect.graph.extract import window_model
+from onnx_bisect.graph.view import LoadedModel, NodeInfo
+
+__all__ = ["MAX_WINDOW", "Pattern", "find_pattern", "window_candidates"]
+
+log = logging.getLogger(__name__)
+
+Feeds = Mapping[str, npt.NDArray[Any]]
+
+T = TypeVar("T")
+
+
+MAX_WINDOW = 8
+
+
+@dataclass(frozen=True)
+class Pattern:
+    nodes: tuple[NodeInfo, ...]
+    comparisons: Mapping[str, Comparison]  # the window's exits
+    tried: int  # windows run, this one included
+
+
+def find_pattern(
+    session: Session, store: TensorStore, start: NodeInfo, max_size: int = MAX_WINDOW
+) -> Pattern | None:
+    """Smallest window around ``start`` that diverges on the target when fed reference inputs.
+
+    Windows of each size are tried backward (producers: a pattern ending at ``start``, such as
+    Conv -> Sigmoid -> Mul), forward (consumers: a fused group starting there), and backward
+    closed over fan-out (an ancestor with all its readers, so its output is unobserved).
+    """
+    loaded = session.loaded
+    for tried, window in enumerate(window_candidates(loaded, store, start, max_size), start=1):
+        nodes = tuple(loaded.nodes[i] for i in window)
+        exits = _run_window(session, store, nodes)
+        if exits is not None and any(c.diverged for c in exits.values()):
+            log.info("pattern: window %s reproduces", [n.name for n in nodes])
+            return Pattern(nodes, exits, tried)
+    return None
+
+
+def window_candidates(
+    loaded: LoadedModel, store: TensorStore, start: NodeInfo, max_size: int = MAX_WINDOW
+) -> Iterator[tuple[int, ...]]:
+    """Node-index windows around ``start``, smallest first, each family interleaved.
+
+    Edges through constants and shape arithmetic are left out: those are embedded in every
+    window, so none of them needs a slot in one.
+    """
+    producers, consumers = loaded.value_edges(skip=lambda t: is_constant(t, loaded, store))
+    back = backward_windows(start.index, producers, max_size)
+    fwd = forward_windows(start.index, consumers, max_size)
+    closed = closure_windows(start.index, producers, consumers, max_size)
+    return _unique(_interleave(back, fwd, closed))
+
+
+def _run_window(
+    session: Session, store: TensorStore, nodes: Sequence[NodeInfo]
+) -> dict[str, Comparison] | None:
+    loaded = session.loaded
+    model, feeds = reference_fed(
+        loaded, store, session.feeds, nodes,
+        lambda metas, constants: window_model(loaded, nodes, metas, constants)[:2],
+    )  # fmt: skip
+    try:
+        out = timed_run(session.target, model, feeds, "target", session.stats)
+    except BackendError as exc:
+        log.info("pattern: window %s failed: %s", [n.name for n in nodes], exc)
+        return None
+    exits = [o.name for o in model.graph.output]
+    return {t: compare_tensors(t, store.get(t), out.get(t), session.crit) for t in exits}
+
+
+def _interleave(*iterators: Iterator[T]) -> Iterator[T]:
+    """Windows of size 2 from each family, then size 3, and so on: smallest first."""
+    its = list(iterators)
+    while its:
+        for it in list(its):
+            try:
+                yield next(it)
+            except StopIteration:
+                its.remove(it)
+
+
+def _unique(windows: Iterator[tuple[int, ...]]) -> Iterator[tuple[int, ...]]:
+    seen: set[tuple[int, ...]] = set()
+    for w in windows:
+        if w not in seen:
+            seen.add(w)
+            yield w

@@ -1,0 +1,100 @@
+"""Running a backend with probes: memory-bounded chunks and an on-disk tensor cache.
+
+The reference's probe values are needed twice, to compare against the target and to feed the
+isolation model, so they are written to disk once and memory-mapped back: a model whose
+activations exceed RAM can still be diagnosed within ``max_memory``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy.typing as npt
+import onnx
+
+from onnx_bisect.backends.protocol import Backend, Tensors
+from onnx_bisect.errors import BackendError
+
+__all__ = ["RunStats", "plan_chunks", "run_pair", "timed_run"]
+
+T = TypeVar("T")
+
+U = TypeVar("U")
+
+
+@dataclass
+class RunStats:
+    """Mutable tallies for the report: runs and seconds spent per backend role."""
+
+    runs: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def record(self, role: str, seconds: float) -> None:
+        self.runs[role] = self.runs.get(role, 0) + 1
+        self.seconds[role] = self.seconds.get(role, 0.0) + seconds
+
+
+def plan_chunks(
+    names: Sequence[str], sizes: Mapping[str, int | None], budget: int
+) -> list[list[str]]:
+    """Split ``names`` (kept in order) into runs whose outputs fit ``budget`` bytes.
+
+    A tensor of unknown size counts as the largest known one; one over budget runs alone.
+    """
+    known = [s for s in sizes.values() if s is not None]
+    fallback = max(known) if known else 0
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    used = 0
+    for name in names:
+        size = sizes.get(name)
+        size = fallback if size is None else size
+        if current and used + size > budget:
+            chunks.append(current)
+            current, used = [], 0
+        current.append(name)
+        used += size
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def timed_run(
+    backend: Backend,
+    model: onnx.ModelProto,
+    feeds: Mapping[str, npt.NDArray[Any]],
+    role: str,
+    stats: RunStats,
+) -> Tensors:
+    start = time.perf_counter()
+    try:
+        return backend.run(model, feeds)
+    except BackendError as exc:
+        who = "reference" if role == "ref" else role
+        raise type(exc)(f"{who} failed: {exc}", node=exc.node, role=role) from exc
+    finally:
+        stats.record(role, time.perf_counter() - start)
+
+
+def run_pair(
+    ref_job: Callable[[], T], target_job: Callable[[], U], parallel: bool = True
+) -> tuple[T, U]:
+    """Run the reference's and the target's jobs, concurrently when ``parallel``.
+
+    Runtimes release the GIL while compiling and running, so on two cores the pair costs about
+    as much as the slower one. A reference failure is reported first: it is the trusted side.
+    """
+    if not parallel:
+        return ref_job(), target_job()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(ref_job)
+        try:
+            target_value = target_job()
+        except BaseException:
+            future.result()  # raises the reference's error if it failed too
+            raise
+        return future.result(), target_value

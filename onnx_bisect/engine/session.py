@@ -1,0 +1,119 @@
+"""The session: what a diagnosis sets up once (``Setup``) and what one input adds (``Session``).
+
+Every stage takes the session instead of the model, feeds, criterion, store and tallies one by
+one; dataset mode opens one ``Session`` per input over a single ``Setup``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy.typing as npt
+
+from onnx_bisect.backends.protocol import Backend
+from onnx_bisect.compare.criterion import Criterion
+from onnx_bisect.compare.topk import TopKSpec
+from onnx_bisect.engine.runs import RunStats
+from onnx_bisect.engine.store import TensorStore
+from onnx_bisect.graph.sizes import probe_bytes
+from onnx_bisect.graph.view import LoadedModel
+from onnx_bisect.options import BisectOptions
+from onnx_bisect.result import BackendInfo
+from onnx_bisect.transforms.registry import TransformRecord
+
+__all__ = ["Feeds", "Session", "Setup", "StageTimer"]
+
+Feeds = Mapping[str, npt.NDArray[Any]]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Once per diagnosis: the model(s) and the backends, ready to run."""
+
+    loaded: LoadedModel
+    ref: Backend
+    target: Backend
+    ref_info: BackendInfo
+    target_info: BackendInfo
+    options: BisectOptions
+    # The model the target runs when it is not ``loaded`` (--target-model or a +transform).
+    target_model: LoadedModel | None = None
+    target_label: str = ""
+    transforms: tuple[TransformRecord, ...] = ()
+    topk: tuple[TopKSpec, ...] = ()
+    versions: Mapping[str, str] = field(default_factory=dict)
+    # A fresh process can rebuild the target from its spec (repro.py verification).
+    target_from_spec: bool = True
+    notes: tuple[str, ...] = ()
+
+
+@dataclass
+class StageTimer:
+    """Seconds per stage, for the report; ``total`` counts from the timer's creation."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def finish(self) -> dict[str, float]:
+        self.seconds["total"] = time.perf_counter() - self.started
+        return dict(self.seconds)
+
+
+@dataclass
+class Session:
+    """One input's diagnosis over a ``Setup``: feeds, criterion, sizes and the tallies."""
+
+    setup: Setup
+    feeds: Feeds
+    crit: Criterion
+    sizes: Mapping[str, int | None]
+    scratch: Path
+    stats: RunStats = field(default_factory=RunStats)
+    timer: StageTimer = field(default_factory=StageTimer)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def loaded(self) -> LoadedModel:
+        return self.setup.loaded
+
+    @property
+    def ref(self) -> Backend:
+        return self.setup.ref
+
+    @property
+    def target(self) -> Backend:
+        return self.setup.target
+
+    @property
+    def options(self) -> BisectOptions:
+        return self.setup.options
+
+    @property
+    def budget(self) -> int:
+        return self.setup.options.max_memory
+
+    def store(self, name: str, factor: int = 1) -> TensorStore:
+        """A store for ``factor`` × every probe: in memory within the budget, else on disk."""
+        fits = factor * probe_bytes(self.loaded, self.sizes) <= self.budget
+        return TensorStore(None if fits else self.scratch / name)
+
+
+@contextmanager
+def scratch_dir() -> Iterator[Path]:
+    """Where stores spill to disk; removed with everything in it when the session ends."""
+    with tempfile.TemporaryDirectory(prefix="onnx-bisect-") as tmp:
+        yield Path(tmp)

@@ -1,0 +1,80 @@
+"""``TensorStore``: the reference's tensors, in memory or as memory-mapped .npy files.
+
+The reference's probe values are needed twice, to compare against the target and to feed
+isolation, so beyond the memory budget they are written to disk once and mapped back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from onnx_bisect.graph.view import TensorMeta
+
+__all__ = ["TensorStore"]
+
+
+class TensorStore:
+    """Arrays kept as .npy files under a directory and read back memory-mapped, or kept in
+    memory when ``directory`` is None (the caller decided they fit the budget)."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+        self._files: dict[str, Path] = {}
+        self._arrays: dict[str, npt.NDArray[Any]] = {}
+        self._meta: dict[str, TensorMeta] = {}
+        self._count = 0
+
+    def put(self, name: str, value: npt.NDArray[Any]) -> None:
+        self._meta[name] = TensorMeta(np.dtype(value.dtype), tuple(value.shape))
+        if self.directory is None:
+            self._arrays[name] = value
+            return
+        safe = re.sub(r"[^\w.-]", "_", name)[:80]
+        # A running counter, not len(): storing a name twice must not reuse another's file.
+        self._count += 1
+        path = self.directory / f"{self._count:06d}_{safe}.npy"
+        np.save(path, np.asarray(value, order="C"), allow_pickle=False)  # keeps 0-d shapes
+        self._files[name] = path
+
+    def get(self, name: str) -> npt.NDArray[Any]:
+        if name in self._arrays:
+            return self._arrays[name]
+        arr: npt.NDArray[Any] = np.load(self._files[name], mmap_mode="r", allow_pickle=False)
+        return arr
+
+    def meta(self, name: str) -> TensorMeta:
+        return self._meta[name]
+
+    def nbytes(self, name: str) -> int:
+        m = self._meta[name]
+        return int(np.prod(m.shape, dtype=np.int64)) * m.dtype.itemsize
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._meta
+
+    @property
+    def metas(self) -> Mapping[str, TensorMeta]:
+        return self._meta
+
+    def subset(self, names: Sequence[str]) -> TensorStore:
+        """A store that answers only for ``names``, sharing this one's arrays and files."""
+        return self.view({n: n for n in names})
+
+    def view(self, names: Mapping[str, str]) -> TensorStore:
+        """A store answering under each key for the tensor its value names here (another
+        model's name for the same tensor), sharing this one's arrays and files."""
+        # What is put into a view stays in memory: its files would share names with ours.
+        view = TensorStore(None)
+        keep = {k: v for k, v in names.items() if v in self._meta}
+        view._meta = {k: self._meta[v] for k, v in keep.items()}
+        view._arrays = {k: self._arrays[v] for k, v in keep.items() if v in self._arrays}
+        view._files = {k: self._files[v] for k, v in keep.items() if v in self._files}
+        return view

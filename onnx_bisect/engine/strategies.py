@@ -1,0 +1,211 @@
+"""Strategies: how the verdicts are reached once the screen has seen a divergence.
+
+Each strategy is a function of the session (and the screen's observation) to a ``Found``;
+``STRATEGIES`` names them, and ``choose`` picks one from what the backends can do and what the
+user asked for. A new way to search adds an entry here, not a branch in ``bisect()``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+import onnx
+
+from onnx_bisect.backends.protocol import Tensors
+from onnx_bisect.compare.criterion import Comparison
+from onnx_bisect.compare.tensors import compare_tensors
+from onnx_bisect.engine.chain import chain_from
+from onnx_bisect.engine.cut import CutResult, cut_search, search_info
+from onnx_bisect.engine.found import Found
+from onnx_bisect.engine.isolate import isolate
+from onnx_bisect.engine.judge import (
+    culprit_cause,
+    dump_verdicts,
+    first_divergence,
+    judge,
+    mark_pattern,
+    observer_problem,
+    root_cause,
+)
+from onnx_bisect.engine.observe import Observed, probe_runs, scan
+from onnx_bisect.engine.pattern import find_pattern
+from onnx_bisect.engine.runs import timed_run
+from onnx_bisect.engine.session import Session
+from onnx_bisect.engine.store import TensorStore
+from onnx_bisect.graph.extract import with_outputs
+from onnx_bisect.graph.match import match_tensors
+from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
+from onnx_bisect.result import NodeResult, RootCause, SearchInfo, Verdict
+
+__all__ = ["STRATEGIES", "Strategy", "choose"]
+
+log = logging.getLogger(__name__)
+
+Strategy = Callable[[Session, Observed], Found]
+
+
+def scan_strategy(session: Session, screened: Observed) -> Found:
+    """Scan and isolate every node; a pattern search when none is wrong alone. With
+    ``--strategy auto``, a scan that marking outputs has changed hands over to the cut search."""
+    store = session.store("reference")
+    with session.timer.stage("scan"):
+        scanned = scan(session, store)
+    observer = observer_problem(screened, scanned, session.crit)
+    if observer:
+        log.info("%s", observer)
+        session.notes.append(observer)
+    with session.timer.stage("isolate"):
+        isolated = isolate(session, store)
+    nodes = judge(session.loaded, scanned.comparisons, isolated, session.crit)
+    first = first_divergence(nodes)
+    cause = root_cause(nodes, first)
+    if first is not None and cause is not None and cause.kind == "none":
+        nodes, first, cause, _ = _with_pattern(session, store, nodes, first, cause, None)
+    if observer and screened.diverged and session.options.strategy == "auto":
+        log.info("switching to the bisect strategy")
+        session.notes.append("switched to the bisect strategy, which marks only cut tensors")
+        found = _by_cut_search(session, store, "switched from the scan: " + observer, nodes)
+        return replace(found, strategy="scan+bisect")
+    # Only a scan's accumulated errors are the target's own result all along the graph.
+    chain = chain_from(session.loaded, nodes, cause, first)
+    return Found("scan", tuple(nodes), first, cause, chain=chain, store=store)
+
+
+def bisect_strategy(session: Session, screened: Observed) -> Found:
+    """Reference values by a scan of the reference alone, then a search over cuts."""
+    store = session.store("reference")
+    with session.timer.stage("scan"):
+        scan(session, store, observe_target=False)
+    return _by_cut_search(session, store, "requested with --strategy bisect")
+
+
+def dump_strategy(session: Session, screened: Observed) -> Found:
+    """A target that replays dumped tensors cannot run a subgraph: accumulated errors only."""
+    store = session.store("reference")
+    with session.timer.stage("scan"):
+        scanned = scan(session, store)
+    session.notes.append(
+        "the target is a dump: only accumulated errors can be known (no isolation, "
+        "window or cut search); a node whose inputs match and whose output does not is "
+        "named as the culprit"
+    )
+    nodes, first, cause = dump_verdicts(session.loaded, scanned.comparisons, session.crit)
+    chain = chain_from(session.loaded, nodes, cause, first)
+    return Found("scan", tuple(nodes), first, cause, chain=chain, store=store)
+
+
+def two_model_strategy(session: Session, screened: Observed) -> Found:
+    """Reference model against a different target model: tensors matched by name, the
+    target model's nodes isolated on the reference's values where those exist."""
+    s, other = session, session.setup.target_model
+    assert other is not None  # choose() picks this strategy only with a target model
+    store = s.store("reference")
+    with s.timer.stage("scan"):
+        scan(s, store, observe_target=False)
+        matching = match_tensors(s.loaded, other)
+        pairs = matching.pairs
+        shapes = {k: v.shape for k, v in s.feeds.items()}
+        other_sizes = tensor_nbytes(fix_input_shapes(other.model, shapes))
+
+        def run(marked: onnx.ModelProto) -> Tensors:
+            return timed_run(s.target, marked, s.feeds, "target", s.stats)
+
+        comparisons: dict[str, Comparison] = {}
+        for chunk, out in probe_runs(other.model, list(pairs), other_sizes, s.budget, run):
+            for name in chunk:
+                ref_value = store.get(pairs[name])
+                comparisons[name] = compare_tensors(name, ref_value, out.get(name), s.crit)
+    view = store.view(pairs)
+    # The target model's own constant arithmetic (weights folded at run time) has no
+    # counterpart; the reference backend computes it from the target model, so isolation
+    # still feeds every node trusted values.
+    own = [t for t in other.constants if t not in view]
+    if own:
+        values = timed_run(s.ref, with_outputs(other.model, own), s.feeds, "ref", s.stats)
+        for name in own:
+            view.put(name, values[name])
+    with s.timer.stage("isolate"):
+        isolated = isolate(s, view, loaded=other)
+    nodes = judge(other, comparisons, isolated, s.crit)
+    first = first_divergence(nodes)
+    cause = root_cause(nodes, first)
+    s.notes.append(matching.summary())
+    s.notes.extend(f"excluded {t}: {why}" for t, why in list(matching.excluded.items())[:5])
+    chain = chain_from(other, nodes, cause, first)
+    return Found(
+        "scan", tuple(nodes), first, cause, chain=chain, matching=matching, store=view,
+        cut_from=other,
+    )  # fmt: skip
+
+
+STRATEGIES: Mapping[str, Strategy] = {
+    "scan": scan_strategy,
+    "bisect": bisect_strategy,
+    "dump": dump_strategy,
+    "two-model": two_model_strategy,
+}
+
+
+def choose(session: Session) -> str:
+    """Two models are compared by name; a dump can only be scanned; otherwise the user's
+    choice (``auto`` starts with the scan and may switch to the cut search)."""
+    if session.setup.target_model is not None:
+        return "two-model"
+    if not session.target.capabilities.computes:
+        return "dump"
+    return "bisect" if session.options.strategy == "bisect" else "scan"
+
+
+def _by_cut_search(
+    session: Session, store: TensorStore, reason: str, scan_nodes: Sequence[NodeResult] = ()
+) -> Found:
+    """Binary search over cuts, then isolation of the transition node, then a pattern."""
+    with session.timer.stage("bisect"):
+        cut = cut_search(session, store)
+    isolated = isolate(session, store, [cut.node], budget=1 << 62)
+    judged = judge(session.loaded, cut.comparisons, isolated, session.crit)
+    if scan_nodes:
+        # Keep the scan's full table; the search decides only the transition node's row.
+        by_name = {n.name: n for n in judged}
+        judged = [by_name[n.name] if n.name == cut.node.name else n for n in scan_nodes]
+    first = next(n for n in judged if n.name == cut.node.name)
+    if not first.diverged:
+        first = replace(first, accumulated=_worst_at(session, cut))
+    search = search_info(cut.outcome, reason, cut.node)
+    if not cut.outcome.monotone:
+        session.notes.append(
+            "divergence is not monotone along the topological order (it vanished one cut past "
+            f"the transition); a linear pass around it chose {cut.node.name!r}"
+        )
+    if first.verdict is Verdict.CULPRIT and first.isolated is not None:
+        return Found("bisect", tuple(judged), first, culprit_cause(first), search, store=store)
+    fallback = RootCause("none", (), "no single node or small window reproduces the divergence")
+    nodes, first, cause, tried = _with_pattern(session, store, judged, first, fallback, search)
+    return Found("bisect", tuple(nodes), first, cause, tried, store=store)
+
+
+def _worst_at(session: Session, cut: CutResult) -> Comparison | None:
+    outs = [cut.comparisons[o] for o in cut.node.outputs if o in cut.comparisons]
+    return max(outs, key=session.crit.badness) if outs else None
+
+
+def _with_pattern(
+    session: Session,
+    store: TensorStore,
+    nodes: Sequence[NodeResult],
+    first: NodeResult,
+    fallback: RootCause | None,
+    search: SearchInfo | None,
+) -> tuple[list[NodeResult], NodeResult, RootCause | None, SearchInfo | None]:
+    """The smallest window around the first divergence that reproduces it, when one does."""
+    with session.timer.stage("pattern"):
+        pattern = find_pattern(session, store, session.loaded.nodes[first.index])
+    if pattern is None:
+        return list(nodes), first, fallback, search
+    worst = max(pattern.comparisons.values(), key=session.crit.badness)
+    marked, first, cause = mark_pattern(nodes, first, pattern.nodes, worst)
+    if search is not None:
+        search = replace(search, pattern_windows_tried=pattern.tried)
+    return marked, first, cause, search

@@ -1,0 +1,1 @@
+"""The model as a graph: loading, the view the search reads, surgery, sizes, tensor matching."""

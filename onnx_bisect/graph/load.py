@@ -1,0 +1,203 @@
+"""Loading a model and the graph surgery the search needs.
+
+Every function here returns a new model and leaves its argument untouched: the caller's
+``ModelProto`` is theirs, and a search that mutated it would corrupt later steps.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import onnx
+
+from onnx_bisect.errors import ModelLoadError
+from onnx_bisect.graph.sizes import PROTO_LIMIT
+from onnx_bisect.graph.view import LoadedModel, NodeInfo, NotProbed
+
+__all__ = ["load_model"]
+
+log = logging.getLogger(__name__)
+
+
+_SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan"})
+
+
+def load_model(model: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
+    """Load, name, sort and shape-infer a model; raises ModelLoadError with the reason."""
+    notes: list[str] = []
+    path: Path | None = None
+    if isinstance(model, onnx.ModelProto):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+        proto = _infer_shapes(proto, None, notes)
+    else:
+        path = Path(model)
+        proto = _load_path(path, notes)
+    graph = proto.graph
+    if not graph.node:
+        raise ModelLoadError(f"{path or 'model'}: the graph has no nodes")
+    _name_nodes(graph, notes)
+    _toposort(graph, notes)
+    inits = frozenset(t.name for t in graph.initializer)
+    nodes = tuple(
+        NodeInfo(
+            index=i,
+            name=n.name,
+            op_type=n.op_type,
+            domain=n.domain,
+            inputs=tuple(n.input),
+            outputs=tuple(o for o in n.output if o),
+            implicit_inputs=tuple(sorted(_implicit_inputs(n))),
+        )
+        for i, n in enumerate(graph.node)
+    )
+    return LoadedModel(
+        model=proto,
+        path=path,
+        nodes=nodes,
+        inputs=tuple(i.name for i in graph.input if i.name not in inits),
+        outputs=tuple(o.name for o in graph.output),
+        initializers=inits,
+        not_probed=tuple(_subgraph_tensors(graph)),
+        notes=tuple(notes),
+    )
+
+
+def _load_path(path: Path, notes: list[str]) -> onnx.ModelProto:
+    if not path.exists():
+        raise ModelLoadError(f"model file not found: {path}")
+    if path.is_dir():
+        raise ModelLoadError(f"{path} is a directory; pass the .onnx file")
+    try:
+        # Weights stay on disk until shape inference is done, so a >2 GB model never has to
+        # pass through a single protobuf message.
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises several unrelated types for garbage input
+        raise ModelLoadError(f"{path}: not a valid ONNX model ({_first_line(exc)})") from exc
+    if not proto.graph.node and not proto.opset_import:
+        raise ModelLoadError(f"{path}: not a valid ONNX model (empty or not a ModelProto)")
+    proto = _infer_shapes(proto, path, notes)
+    try:
+        onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: cannot load external data ({_first_line(exc)})") from exc
+    return proto
+
+
+def _infer_shapes(proto: onnx.ModelProto, path: Path | None, notes: list[str]) -> onnx.ModelProto:
+    try:
+        if proto.ByteSize() < PROTO_LIMIT:
+            return onnx.shape_inference.infer_shapes(proto, data_prop=True)
+        if path is None:
+            notes.append("shape inference skipped: in-memory model over 2 GB")
+            return proto
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "inferred.onnx"
+            onnx.shape_inference.infer_shapes_path(str(path), str(out), data_prop=True)
+            return onnx.load(str(out), load_external_data=False)
+    except Exception as exc:
+        # Custom domains and some contrib ops defeat inference; probes still work without it.
+        notes.append(f"shape inference failed, continuing without it: {_first_line(exc)}")
+        log.warning("shape inference failed: %s", exc)
+        return proto
+
+
+def _name_nodes(graph: onnx.GraphProto, notes: list[str]) -> None:
+    seen: set[str] = set()
+    renamed = 0
+    for i, node in enumerate(graph.node):
+        if not node.name or node.name in seen:
+            base = node.name or f"{node.op_type}_{i}"
+            name, k = base, 1
+            while name in seen:
+                name, k = f"{base}__{k}", k + 1
+            node.name = name
+            renamed += 1
+        seen.add(node.name)
+    if renamed:
+        notes.append(f"{renamed} unnamed or duplicate node names were given synthetic names")
+
+
+def _implicit_inputs(node: onnx.NodeProto) -> set[str]:
+    """Outer-scope names that the node's subgraphs read."""
+    used: set[str] = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for g in graphs:
+            defined = {i.name for i in g.input} | {t.name for t in g.initializer}
+            inner: set[str] = set()
+            for n in g.node:
+                inner |= set(n.input) | _implicit_inputs(n)
+                defined |= set(n.output)
+            used |= {x for x in inner if x and x not in defined}
+    return used
+
+
+def _toposort(graph: onnx.GraphProto, notes: list[str]) -> None:
+    """Stable Kahn sort in place; a file that is already sorted keeps its order."""
+    available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    nodes = list(graph.node)
+    deps = [(set(n.input) | _implicit_inputs(n)) - available for n in nodes]
+    producers = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    missing = sorted({d for ds in deps for d in ds if d not in producers})
+    if missing:
+        raise ModelLoadError(
+            f"graph reads tensors that nothing produces: {', '.join(missing[:5])}"
+            + (" ..." if len(missing) > 5 else "")
+        )
+    waiting = [len({producers[d] for d in ds}) for ds in deps]
+    users: dict[int, list[int]] = {}
+    for i, ds in enumerate(deps):
+        for p in {producers[d] for d in ds}:
+            users.setdefault(p, []).append(i)
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users.get(i, []):
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(nodes):
+        stuck = [nodes[i].name for i in range(len(nodes)) if i not in set(order)]
+        raise ModelLoadError(f"graph has a cycle through: {', '.join(stuck[:5])}")
+    if order != sorted(order):
+        notes.append("nodes were not in topological order; re-sorted")
+        copies = [onnx.NodeProto() for _ in nodes]
+        for c, i in zip(copies, order, strict=True):
+            c.CopyFrom(nodes[i])
+        del graph.node[:]
+        graph.node.extend(copies)
+
+
+def _subgraph_tensors(graph: onnx.GraphProto) -> Iterable[NotProbed]:
+    for node in graph.node:
+        if node.op_type not in _SUBGRAPH_OPS and not any(
+            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+            for a in node.attribute
+        ):
+            continue
+        for attr in node.attribute:
+            graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for g in graphs:
+                for inner in g.node:
+                    for out in inner.output:
+                        if out:
+                            yield NotProbed(
+                                out,
+                                node.name,
+                                f"inside the {attr.name!r} body of {node.op_type} {node.name!r}; "
+                                "only top-level tensors can be marked as outputs",
+                            )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]

@@ -1,0 +1,148 @@
+"""The loaded model as the search sees it: nodes in topological order, tensors, adjacency.
+
+All derived facts (producers, consumers, constants, dtypes) are cached on ``LoadedModel``: the
+search asks for them once per tensor, and rebuilding them each time made planning quadratic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+from onnx import helper
+
+__all__ = ["LoadedModel", "METADATA_OPS", "NodeInfo", "NotProbed", "TensorMeta"]
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    index: int
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    # Outer-scope tensors read from inside If/Loop/Scan bodies.
+    implicit_inputs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NotProbed:
+    tensor: str
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    dtype: np.dtype[np.generic]
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A private, topologically sorted, shape-inferred copy of the user's model."""
+
+    model: onnx.ModelProto
+    path: Path | None
+    nodes: tuple[NodeInfo, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    initializers: frozenset[str]
+    not_probed: tuple[NotProbed, ...]
+    notes: tuple[str, ...]
+
+    @cached_property
+    def probes(self) -> tuple[str, ...]:
+        """Every top-level node output, in topological order."""
+        return tuple(o for n in self.nodes for o in n.outputs)
+
+    @cached_property
+    def producer(self) -> dict[str, NodeInfo]:
+        # Cached: the search asks it once per tensor, and rebuilding it each time made
+        # isolation and window planning quadratic in the node count.
+        return {o: n for n in self.nodes for o in n.outputs}
+
+    @cached_property
+    def constants(self) -> tuple[str, ...]:
+        """Tensors computed from initializers alone (an optimizer that folds BatchNorm into a
+        Conv at run time leaves such arithmetic): they are the same on every input."""
+        known = set(self.initializers)
+        found: list[str] = []
+        for n in self.nodes:
+            if n.op_type in _NONDETERMINISTIC or n.implicit_inputs:
+                continue
+            if all(t == "" or t in known for t in n.inputs):
+                known.update(n.outputs)
+                found += [o for o in n.outputs if o]
+        return tuple(found)
+
+    @cached_property
+    def dtypes(self) -> dict[str, np.dtype[np.generic]]:
+        """Element type of every tensor shape inference typed: what a runtime expects to be
+        fed, whatever precision the reference computed it in."""
+        g = self.model.graph
+        out: dict[str, np.dtype[np.generic]] = {
+            t.name: np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)) for t in g.initializer
+        }
+        for v in (*g.input, *g.output, *g.value_info):
+            elem = v.type.tensor_type.elem_type
+            if elem:
+                out[v.name] = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
+        return out
+
+    def as_fed(self, tensor: str, value: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """``value`` in the model's own dtype for ``tensor`` (a float64 reference feeds fp32)."""
+        want = self.dtypes.get(tensor)
+        return value if want is None or value.dtype == want else value.astype(want)
+
+    def fed_meta(self, tensor: str, meta: TensorMeta) -> TensorMeta:
+        return TensorMeta(self.dtypes.get(tensor, meta.dtype), meta.shape)
+
+    def value_edges(
+        self, skip: Callable[[str], bool] | None = None
+    ) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+        """Producer and consumer lists (node indices) along the values nodes read: a reader
+        of metadata only (Shape, Size) observes no value, and tensors ``skip`` names are no
+        edge either. The one adjacency of the graph: windows, chains and bundles walk it."""
+        producers: dict[int, list[int]] = {}
+        consumers: dict[int, list[int]] = {}
+        for n in self.nodes:
+            if n.op_type in METADATA_OPS:
+                continue
+            for t in n.inputs:
+                p = self.producer.get(t)
+                if p is None or (skip is not None and skip(t)):
+                    continue
+                producers.setdefault(n.index, []).append(p.index)
+                consumers.setdefault(p.index, []).append(n.index)
+        return producers, consumers
+
+    def ancestors(self, end: int) -> set[int]:
+        """Indices of every node ``end`` depends on, through inputs and subgraph reads."""
+        seen = {end}
+        todo = [end]
+        while todo:
+            n = self.nodes[todo.pop()]
+            for t in (*n.inputs, *n.implicit_inputs):
+                p = self.producer.get(t)
+                if p is not None and p.index not in seen:
+                    seen.add(p.index)
+                    todo.append(p.index)
+        return seen
+
+
+# Ops that read only a tensor's metadata: a reader of this kind does not observe the values.
+METADATA_OPS = frozenset({"Shape", "Size"})
+
+
+# Ops whose output is not a function of their inputs: never treated as constants.
+_NONDETERMINISTIC = frozenset(
+    {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial"}
+)

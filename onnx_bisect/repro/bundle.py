@@ -1,0 +1,260 @@
+"""Minimal repro bundles: the smallest subgraph that still diverges, written as an ONNX backend
+test case with a standalone ``repro.py``, and proven by running it before we say so.
+
+Candidates, smallest first: the root cause itself (one culprit, a pattern window, a crash
+node), then windows grown around it, then doubling ranges of its ancestors (16, 32, ... nodes
+back), then the whole prefix of the graph up to it (the context in which the divergence was
+seen, fed the model's own inputs). Each is run on the target fed the reference's tensors at its
+cut; the first that reproduces is trimmed to the outputs that diverge, written, and re-run in a
+fresh process exactly as ``repro.py`` would run it. A bundle that does not reproduce there makes
+way for the next candidate; if none does, the report says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+from onnx import numpy_helper
+
+from onnx_bisect.backends.protocol import Backend
+from onnx_bisect.engine.operands import reference_fed
+from onnx_bisect.engine.pattern import window_candidates
+from onnx_bisect.engine.runs import timed_run
+from onnx_bisect.engine.session import Session
+from onnx_bisect.engine.store import TensorStore
+from onnx_bisect.errors import BackendCrash, BackendError
+from onnx_bisect.graph.extract import prefix_model, window_model
+from onnx_bisect.graph.view import LoadedModel, NodeInfo
+from onnx_bisect.repro.script import render_repro_script
+from onnx_bisect.repro.verify import diverged_outputs, output_tail, rerun_in_process, run_bundle
+from onnx_bisect.result import ReproInfo
+
+__all__ = ["BundleJob", "build_bundle", "write_repro"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    nodes: tuple[NodeInfo, ...]
+    prefix: bool  # the whole graph before the cut, fed the model's own inputs
+
+
+@dataclass(frozen=True)
+class _Built:
+    model: onnx.ModelProto
+    inputs: dict[str, npt.NDArray[Any]]
+    outputs: dict[str, npt.NDArray[Any]]  # the reference's values
+
+
+@dataclass(frozen=True)
+class BundleJob:
+    """What a bundle is cut from: the session, the model the target ran, the reference's
+    values under that model's names, and the symptom to reproduce."""
+
+    session: Session
+    loaded: LoadedModel
+    store: TensorStore
+    crash: bool = False
+
+    @property
+    def target(self) -> Backend:
+        return self.session.target
+
+
+def write_repro(
+    job: BundleJob, start: Sequence[str], out_dir: Path, *, verify_in_process: bool
+) -> ReproInfo:
+    """The bundle around the nodes ``start``, with a ``repro.py`` that names this session's
+    backends and criterion."""
+    crit = job.session.crit
+    threshold = crit.threshold
+    if crit.auto:
+        # repro.py has no float64 reference: freeze the noise-floor threshold of the root node.
+        node = next((n for n in job.loaded.nodes if n.name in start), None)
+        outs = node.outputs if node else ()
+        floors = [crit.threshold_for(t, job.store.get(t))[0] for t in outs if t in job.store]
+        threshold = min(floors, default=crit.eps)
+    script = render_repro_script(
+        ref=job.session.ref.spec.text,
+        target=job.target.spec.text,
+        metric=crit.metric,
+        threshold=threshold,
+        atol=crit.atol,
+        rtol=crit.rtol,
+        title=f"{job.target.spec.text} vs {job.session.ref.spec.text}",
+        workdir=os.getcwd(),
+    )
+    return build_bundle(job, start, out_dir, script, verify_in_process=verify_in_process)
+
+
+def build_bundle(
+    job: BundleJob, start: Sequence[str], out_dir: Path, script: str, *, verify_in_process: bool
+) -> ReproInfo:
+    """Find, write and verify the smallest reproducing bundle around the nodes ``start``.
+
+    ``verify_in_process``: the target was given as an object a fresh process cannot rebuild,
+    so the written bundle is read back and re-run here instead of by ``repro.py``.
+    """
+    loaded, stats, crit = job.loaded, job.session.stats, job.session.crit
+    kind = "crash" if job.crash else "divergence"
+    runs_before = stats.runs.get("target", 0)
+    last_written: tuple[_Candidate, str] | None = None
+    for cand in _candidates(loaded, job.store, start):
+        built = _reproduce(job, cand)
+        if built is None:
+            continue
+        _write(out_dir, built, script)
+        runs = stats.runs.get("target", 0) - runs_before
+        if verify_in_process:
+            ok, tail = rerun_in_process(out_dir, job.target, crit, job.crash)
+        else:
+            code, output = run_bundle(out_dir)
+            ok, tail = code == 1, output_tail(output)
+        names = tuple(n.name for n in cand.nodes)
+        last_written = (cand, tail)
+        if ok:
+            shown = ", ".join(names[:4]) + (" …" if len(names) > 4 else "")
+            message = f"{len(names)} node(s): {shown} ({runs} target run(s) to minimize)"
+            if cand.prefix:
+                message = (
+                    f"does not reproduce in isolation, smallest reproducing subgraph has "
+                    f"{len(names)} nodes (the graph up to {names[-1]!r})"
+                )
+            return ReproInfo(
+                str(out_dir), kind, names, len(loaded.nodes), runs, not cand.prefix, True, message
+            )
+        log.info("bundle of %d nodes did not reproduce in a fresh process: %s", len(names), tail)
+    runs = stats.runs.get("target", 0) - runs_before
+    if last_written is None:
+        return ReproInfo(
+            str(out_dir), kind, (), len(loaded.nodes), runs, False, False,
+            "no subgraph reproduces the divergence when run on its own; no bundle was written",
+        )  # fmt: skip
+    cand, tail = last_written
+    names = tuple(n.name for n in cand.nodes)
+    return ReproInfo(
+        str(out_dir), kind, names, len(loaded.nodes), runs, not cand.prefix, False,
+        f"the last bundle written ({len(names)} nodes) reproduced in this process but not when "
+        f"re-run in a fresh one (nondeterminism?): {tail}",
+    )  # fmt: skip
+
+
+def _candidates(
+    loaded: LoadedModel, store: TensorStore, start: Sequence[str]
+) -> Iterator[_Candidate]:
+    index = {n.name: n.index for n in loaded.nodes}
+    first = sorted(index[s] for s in start if s in index)
+    if not first:
+        return
+    yield _Candidate(tuple(loaded.nodes[i] for i in first), False)
+    seen = {tuple(first)}
+    for window in window_candidates(loaded, store, loaded.nodes[first[-1]]):
+        merged = tuple(sorted(set(window) | set(first)))
+        if merged not in seen:
+            seen.add(merged)
+            yield _Candidate(tuple(loaded.nodes[i] for i in merged), False)
+    yield from _ranges(loaded, first[-1])
+    yield _Candidate(tuple(loaded.nodes[: first[-1] + 1]), True)
+
+
+def _ranges(loaded: LoadedModel, end: int) -> Iterator[_Candidate]:
+    """Ancestors of ``end`` among the 16, 32, 64, ... nodes before it, fed at the cut.
+
+    For a divergence that needs a region of the graph rather than a window: the first range
+    that reproduces is within twice the smallest one that would, at one target run per
+    doubling, before the whole prefix is the last resort.
+    """
+    ancestors = loaded.ancestors(end)
+    step = 16
+    while step < end:
+        start = end - step
+        nodes = tuple(n for n in loaded.nodes[start : end + 1] if n.index in ancestors)
+        yield _Candidate(nodes, False)
+        step *= 2
+
+
+def _reproduce(job: BundleJob, cand: _Candidate) -> _Built | None:
+    """Run a candidate on the target; when it reproduces, the bundle trimmed to what shows it."""
+    built = _build(job, cand, None)
+    try:
+        out = timed_run(job.target, built.model, built.inputs, "target", job.session.stats)
+    except BackendCrash:
+        return built if job.crash else None
+    except BackendError as exc:
+        log.info("candidate failed on the target: %s", exc)
+        return None
+    if job.crash:
+        return None
+    bad = diverged_outputs(built.outputs, out, job.session.crit)
+    if not bad:
+        return None
+    if len(bad) < len(built.outputs):
+        return _build(job, cand, bad)
+    return built
+
+
+def _build(job: BundleJob, cand: _Candidate, outputs: Sequence[str] | None) -> _Built:
+    loaded, store, feeds = job.loaded, job.store, job.session.feeds
+    if cand.prefix:
+        model = prefix_model(loaded, len(cand.nodes))
+        if outputs is not None:
+            model = _keep_outputs(model, outputs)
+        used = {i.name for i in model.graph.input}
+        inputs = {k: np.asarray(v) for k, v in feeds.items() if k in used}
+    else:
+        model, inputs = reference_fed(
+            loaded, store, feeds, cand.nodes,
+            lambda metas, constants: window_model(
+                loaded, cand.nodes, metas, constants, outputs=outputs, keep_names=True
+            )[:2],
+        )  # fmt: skip
+    names = [o.name for o in model.graph.output]
+    model = _finish(model)
+    refs = {t: np.asarray(store.get(t)) for t in names if t in store}
+    return _Built(model, {k: np.asarray(v) for k, v in inputs.items()}, refs)
+
+
+def _keep_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    keep = [o for o in out.graph.output if o.name in set(names)]
+    del out.graph.output[:]
+    out.graph.output.extend(keep)
+    return out
+
+
+def _finish(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape-inferred, with a descriptive graph name, and valid under the full checker."""
+    model.graph.name = "onnx_bisect_repro"
+    try:
+        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception as exc:  # a custom op defeats inference; the bundle still runs
+        log.info("shape inference on the bundle failed: %s", exc)
+    return model
+
+
+def _write(out_dir: Path, built: _Built, script: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(built.model, str(out_dir / "model.onnx"))
+    data = out_dir / "test_data_set_0"
+    if data.exists():
+        for old in data.glob("*.pb"):
+            old.unlink()
+    data.mkdir(exist_ok=True)
+    for i, inp in enumerate(i for i in built.model.graph.input if i.name in built.inputs):
+        tensor = numpy_helper.from_array(np.ascontiguousarray(built.inputs[inp.name]), inp.name)
+        (data / f"input_{i}.pb").write_bytes(tensor.SerializeToString())
+    for i, out in enumerate(built.model.graph.output):
+        if out.name in built.outputs:
+            tensor = numpy_helper.from_array(np.asarray(built.outputs[out.name]), out.name)
+            (data / f"output_{i}.pb").write_bytes(tensor.SerializeToString())
+    (out_dir / "repro.py").write_text(script)

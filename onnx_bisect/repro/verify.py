@@ -1,0 +1,89 @@
+"""Reading a repro bundle back and re-running it, in a fresh process or in this one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy.typing as npt
+import onnx
+from onnx import numpy_helper
+
+from onnx_bisect.backends.protocol import Backend
+from onnx_bisect.compare.criterion import Criterion
+from onnx_bisect.compare.tensors import compare_tensors
+from onnx_bisect.errors import BackendCrash, BackendError
+
+__all__ = [
+    "VERIFY_TIMEOUT_S",
+    "diverged_outputs",
+    "load_bundle",
+    "output_tail",
+    "rerun_in_process",
+    "run_bundle",
+]
+
+
+VERIFY_TIMEOUT_S = 600
+
+
+def diverged_outputs(
+    expected: Mapping[str, npt.NDArray[Any]], got: Mapping[str, npt.NDArray[Any]], crit: Criterion
+) -> list[str]:
+    return [t for t, ref in expected.items() if compare_tensors(t, ref, got.get(t), crit).diverged]
+
+
+def load_bundle(
+    bundle: Path,
+) -> tuple[onnx.ModelProto, dict[str, npt.NDArray[Any]], dict[str, npt.NDArray[Any]]]:
+    """The model, inputs and expected outputs of a bundle, read back from its files."""
+    model = onnx.load(str(bundle / "model.onnx"))
+    data = bundle / "test_data_set_0"
+
+    def read(prefix: str) -> dict[str, npt.NDArray[Any]]:
+        out = {}
+        for f in sorted(data.glob(f"{prefix}_*.pb"), key=lambda p: int(p.stem.split("_")[-1])):
+            t = onnx.TensorProto()
+            t.ParseFromString(f.read_bytes())
+            out[t.name] = numpy_helper.to_array(t)
+        return out
+
+    return model, read("input"), read("output")
+
+
+def rerun_in_process(
+    bundle: Path, target: Backend, crit: Criterion, crash: bool
+) -> tuple[bool, str]:
+    """For a target given as a Python object, which no fresh process can rebuild: the written
+    files, read back and run here."""
+    model, inputs, expected = load_bundle(bundle)
+    try:
+        out = target.run(model, inputs)
+    except BackendCrash as exc:
+        return crash, f"crashed: {exc}"
+    except BackendError as exc:
+        return False, f"failed: {exc}"
+    bad = diverged_outputs(expected, out, crit)
+    return (bool(bad) and not crash), f"diverged: {', '.join(bad)}" if bad else "no divergence"
+
+
+def run_bundle(
+    bundle: Path, target: str | None = None, timeout: float = VERIFY_TIMEOUT_S
+) -> tuple[int, str]:
+    """Run ``bundle/repro.py`` in a fresh interpreter: its exit code (1 reproduces, 0 does not,
+    2 could not run) and everything it printed."""
+    argv = [sys.executable, str(bundle / "repro.py"), "--dir", str(bundle)]
+    if target is not None:
+        argv += ["--target", target]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 2, f"repro.py did not finish in {timeout:g}s"
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
+def output_tail(text: str) -> str:
+    return " | ".join(text.splitlines()[-4:])

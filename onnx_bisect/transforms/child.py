@@ -1,0 +1,39 @@
+"""The child side of a transform: ``python -m onnx_bisect.transforms.child IN OUT_DIR
+TRANSFORM SHAPES_JSON``. Kept out of the package's imports so that ``-m`` runs it fresh."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import onnx
+
+from onnx_bisect.errors import SpecError
+from onnx_bisect.graph.save import save_model
+from onnx_bisect.transforms.registry import EXIT_FAILED, EXIT_SPEC, TRANSFORMS, parse_transform
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str]) -> int:
+    """Writes OUT_DIR/model.onnx and OUT_DIR/notes.json; the last stderr line says why not."""
+    src, out, text, shapes = argv
+    try:
+        parsed = parse_transform(text)
+        model = onnx.load(src)
+        result, notes = TRANSFORMS[parsed.name].apply(model, parsed.arg, json.loads(shapes))
+        save_model(result, Path(out))
+        (Path(out) / "notes.json").write_text(json.dumps(list(notes)))
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_SPEC
+    except Exception as exc:
+        print(" ".join(str(exc).split())[:300] or type(exc).__name__, file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

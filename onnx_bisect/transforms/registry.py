@@ -1,0 +1,160 @@
+"""Model transforms named by a ``+NAME[=ARG]`` suffix on a backend spec.
+
+``cpu+fp16`` means: run on ``cpu`` the model as onnxconverter-common converts it to float16. The
+transform rewrites the model before the backend sees it, so the search compares two different
+graphs, matched by tensor name (see ``matching``); names a transform reuses for another value
+are found there and left out.
+
+Each transform is a thin call into the library that owns it; the only code of our own is the
+repair of what onnxconverter-common gets wrong (see ``_repair_fp16_casts``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+
+from onnx_bisect.errors import SpecError
+from onnx_bisect.transforms.fp16 import fp16
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_SPEC",
+    "Notes",
+    "TRANSFORMS",
+    "Transform",
+    "TransformRecord",
+    "parse_transform",
+]
+
+
+@dataclass(frozen=True)
+class Transform:
+    """One ``+NAME[=ARG]``: ``text`` is what the user wrote."""
+
+    text: str
+    name: str
+    arg: str | None = None
+
+
+@dataclass(frozen=True)
+class TransformRecord:
+    """What a transform did, for the report: the tool and version, node counts, repairs."""
+
+    role: str  # "ref" or "target"
+    text: str
+    tool: str
+    nodes_before: int
+    nodes_after: int
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "transform": self.text,
+            "tool": self.tool,
+            "nodes_before": self.nodes_before,
+            "nodes_after": self.nodes_after,
+            "notes": list(self.notes),
+        }
+
+    def summary(self) -> str:
+        extra = f" ({'; '.join(self.notes)})" if self.notes else ""
+        return (
+            f"{self.role} model +{self.text}: {self.tool}, {self.nodes_before} -> "
+            f"{self.nodes_after} nodes{extra}"
+        )
+
+
+def parse_transform(text: str) -> Transform:
+    name, sep, arg = text.strip().partition("=")
+    name = name.strip().lower()
+    if name not in TRANSFORMS:
+        raise SpecError(f"unknown transform +{text}; known: +{', +'.join(TRANSFORMS)}")
+    kind = TRANSFORMS[name]
+    if kind.arg_required and not arg.strip():
+        raise SpecError(f"transform +{name} needs an argument: +{name}={kind.arg}")
+    if sep and not kind.arg:
+        raise SpecError(f"transform +{name} takes no argument (got {text!r})")
+    return Transform(text=text.strip(), name=name, arg=arg.strip() or None)
+
+
+EXIT_SPEC, EXIT_FAILED = 2, 1  # the child's exit codes
+
+
+Notes = tuple[str, ...]
+
+
+_Fn = Callable[
+    [onnx.ModelProto, str | None, dict[str, Sequence[int]]], tuple[onnx.ModelProto, Notes]
+]
+
+
+def _opset(model: onnx.ModelProto, arg: str | None, shapes: dict[str, Sequence[int]]) -> Any:
+    try:
+        target = int(arg or "")
+    except ValueError:
+        raise SpecError(f"transform +opset needs an integer opset, got {arg!r}") from None
+    from onnx import version_converter
+
+    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    converted = version_converter.convert_version(model, target)
+    return converted, (f"default-domain opset {current} -> {target}",)
+
+
+def _onnxoptimizer(
+    model: onnx.ModelProto, arg: str | None, shapes: dict[str, Sequence[int]]
+) -> Any:
+    import onnxoptimizer
+
+    available = set(onnxoptimizer.get_available_passes())
+    passes = [p.strip() for p in (arg or "").split(",") if p.strip()]
+    unknown = [p for p in passes if p not in available]
+    if unknown:
+        raise SpecError(
+            f"transform +onnxoptimizer: unknown pass(es) {', '.join(unknown)}; "
+            f"see onnxoptimizer.get_available_passes()"
+        )
+    chosen = passes or list(onnxoptimizer.get_fuse_and_elimination_passes())
+    optimized = onnxoptimizer.optimize(model, chosen)
+    return optimized, (f"passes: {', '.join(chosen) if passes else 'fuse and elimination'}",)
+
+
+def _onnxsim(model: onnx.ModelProto, arg: str | None, shapes: dict[str, Sequence[int]]) -> Any:
+    import onnxsim
+
+    fixed = {k: list(v) for k, v in shapes.items()}
+    # check_n=0: whether the copy agrees is what onnx-bisect itself is here to find out.
+    simplified, _ = onnxsim.simplify(model, check_n=0, overwrite_input_shapes=fixed or None)
+    return simplified, ()
+
+
+def _onnxslim(model: onnx.ModelProto, arg: str | None, shapes: dict[str, Sequence[int]]) -> Any:
+    import onnxslim
+
+    fixed = [f"{k}:{','.join(str(d) for d in v)}" for k, v in shapes.items()]
+    slimmed = onnxslim.slim(model, input_shapes=fixed or None)
+    return slimmed, ()
+
+
+@dataclass(frozen=True)
+class _Kind:
+    package: str  # the distribution that does the work, recorded with its version
+    apply: _Fn
+    arg: str = ""  # the argument's form, for messages; "" takes none
+    arg_required: bool = False
+    summary: str = ""
+
+
+TRANSFORMS: Mapping[str, _Kind] = {
+    "fp16": _Kind("onnxconverter-common", fp16, summary="float16, float32 inputs and outputs"),
+    "opset": _Kind("onnx", _opset, "N", True, "onnx.version_converter to opset N"),
+    "onnxoptimizer": _Kind(
+        "onnxoptimizer", _onnxoptimizer, "PASS,PASS", False, "onnxoptimizer passes"
+    ),
+    "onnxsim": _Kind("onnxsim", _onnxsim, summary="onnx-simplifier"),
+    "onnxslim": _Kind("onnxslim", _onnxslim, summary="onnxslim"),
+}
