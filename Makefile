@@ -24,6 +24,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # pytest exits 5 when it collects nothing; that is not a failure of the code under test.
 test: lint

@@ -15,6 +15,8 @@ from typing import Any
 import numpy.typing as npt
 
 from onnx_bisect.compare.criterion import Comparison, Criterion
+from onnx_bisect.compare.topk import TopKCheck
+from onnx_bisect.graph.match import Matching
 from onnx_bisect.graph.view import NotProbed
 from onnx_bisect.transforms.registry import TransformRecord
 
@@ -181,10 +183,10 @@ class BisectResult:
     search: SearchInfo | None = None
     chain: tuple[ChainLink, ...] = ()  # from the root cause towards the outputs
     repro: ReproInfo | None = None  # when a bundle was asked for
-    matching: Any = None  # matching.Matching when the target ran a different model
+    matching: Matching | None = None  # when the target ran a different model
     target_model: str = ""  # that other model
     transforms: tuple[TransformRecord, ...] = ()  # +NAME suffixes applied to either model
-    task_checks: tuple[Any, ...] = ()  # topk.TopKCheck per output, when asked for
+    task_checks: tuple[TopKCheck, ...] = ()  # per output, when asked for
 
     @property
     def diverged(self) -> bool:

@@ -8,21 +8,28 @@ deep tensor whose fp32 rounding has grown to 1e-4 does not flag that rounding.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from onnx_bisect.compare.metrics import rel_l2
-from onnx_bisect.engine.store import TensorStore
 
-__all__ = ["NoiseFloor"]
+__all__ = ["Float64Values", "NoiseFloor"]
+
+
+class Float64Values(Protocol):
+    """Where the float64 values are (a ``TensorStore``): looked up by tensor name."""
+
+    def __contains__(self, name: object) -> bool: ...
+
+    def get(self, name: str) -> npt.NDArray[Any]: ...
 
 
 class NoiseFloor:
     """``noise(tensor, fp32_reference_value)`` → rel_l2 against the float64 value, cached."""
 
-    def __init__(self, float64: TensorStore) -> None:
+    def __init__(self, float64: Float64Values) -> None:
         self.float64 = float64
         self._cache: dict[str, float | None] = {}
 
