@@ -20,7 +20,7 @@ from onnx_bisect.errors import InputError
 from onnx_bisect.options import BisectOptions, ModelLike
 from onnx_bisect.report.files import write_bundle_docs
 from onnx_bisect.repro.bundle import BundleJob, write_repro
-from onnx_bisect.result import BisectResult, ReproInfo
+from onnx_bisect.result import BisectResult, CauseKind, ReproInfo
 
 __all__ = ["BackendLike", "bisect"]
 
@@ -93,6 +93,6 @@ def _repro(session: Session, found: Found, out_dir: Path) -> ReproInfo:
         scan(session, store, observe_target=False)
     cause, first = found.cause, found.first
     start = cause.nodes if cause and cause.nodes else ((first.name,) if first else ())
-    crash = cause is not None and cause.kind == "crash"
+    crash = cause is not None and cause.kind is CauseKind.CRASH
     job = BundleJob(session, found.cut_from or session.loaded, store, crash=crash)
     return write_repro(job, start, out_dir, verify_in_process=not session.setup.target_from_spec)

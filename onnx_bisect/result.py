@@ -17,14 +17,16 @@ import numpy.typing as npt
 from onnx_bisect.compare.criterion import Comparison, Criterion
 from onnx_bisect.compare.topk import TopKCheck
 from onnx_bisect.graph.match import Matching
-from onnx_bisect.graph.view import NotProbed
+from onnx_bisect.graph.view import NodeInfo, NotProbed
 from onnx_bisect.transforms.registry import TransformRecord
 
 __all__ = [
     "BackendInfo",
     "BisectResult",
+    "CauseKind",
     "ChainLink",
     "NodeResult",
+    "Outcome",
     "ReproInfo",
     "RootCause",
     "SearchInfo",
@@ -66,6 +68,24 @@ class ReproInfo:
         }
 
 
+class Outcome(StrEnum):
+    """The diagnosis as a whole: do the final outputs agree?"""
+
+    MATCH = "match"
+    DIVERGED = "diverged"
+
+
+class CauseKind(StrEnum):
+    """``culprit``: one node is wrong by itself; ``pattern``: only a window of connected nodes
+    reproduces it; ``crash``: the target dies when the node is present; ``none``: none of
+    these could be shown."""
+
+    CULPRIT = "culprit"
+    PATTERN = "pattern"
+    CRASH = "crash"
+    NONE = "none"
+
+
 class Verdict(StrEnum):
     OK = "ok"
     CULPRIT = "culprit"
@@ -91,6 +111,26 @@ class NodeResult:
     isolated: Comparison | None = None
     amplification: float | None = None
     note: str = ""
+
+    @classmethod
+    def of(
+        cls,
+        node: NodeInfo,
+        verdict: Verdict,
+        accumulated: Comparison | None = None,
+        **found: Any,
+    ) -> NodeResult:
+        """The result row of a graph node: its identity copied, what was found given."""
+        return cls(
+            index=node.index,
+            name=node.name,
+            op_type=node.op_type,
+            inputs=node.inputs,
+            outputs=node.outputs,
+            verdict=verdict,
+            accumulated=accumulated,
+            **found,
+        )
 
     @property
     def tensor(self) -> str | None:
@@ -118,11 +158,9 @@ class NodeResult:
 
 @dataclass(frozen=True)
 class RootCause:
-    """``kind``: ``culprit`` (one node is wrong by itself), ``pattern`` (only a window of
-    connected nodes reproduces it), ``crash`` (the target dies when the node is present), or
-    ``none`` (none of these could be shown)."""
+    """Where the divergence comes from (see ``CauseKind``) and why we say so."""
 
-    kind: str
+    kind: CauseKind
     nodes: tuple[str, ...]
     reason: str
 
@@ -136,7 +174,7 @@ class SearchInfo:
 
     reason: str
     runs: int
-    probes: tuple[tuple[int, bool], ...]
+    asked: tuple[tuple[int, bool], ...]  # cut positions asked, with their answers
     monotone: bool
     refined: bool
     transition_node: str
@@ -146,7 +184,7 @@ class SearchInfo:
         return {
             "reason": self.reason,
             "runs": self.runs,
-            "probes": [{"position": p, "diverged": d} for p, d in self.probes],
+            "probes": [{"position": p, "diverged": d} for p, d in self.asked],
             "monotone": self.monotone,
             "refined": self.refined,
             "transition_node": self.transition_node,
@@ -163,7 +201,7 @@ class BackendInfo:
 
 @dataclass(frozen=True)
 class BisectResult:
-    verdict: str  # "match" or "diverged"
+    verdict: Outcome
     model: str
     ref: BackendInfo
     target: BackendInfo
@@ -190,7 +228,7 @@ class BisectResult:
 
     @property
     def diverged(self) -> bool:
-        return self.verdict == "diverged"
+        return self.verdict is Outcome.DIVERGED
 
     def culprits(self) -> list[NodeResult]:
         return [n for n in self.nodes if n.verdict is Verdict.CULPRIT]

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import onnx_bisect
 from onnx_bisect import Verdict
 from onnx_bisect.backends.dump import file_name, tensor_name
-from onnx_bisect.cli.app import app
+from onnx_bisect.cli import app
 from onnx_bisect.dumper import dump
 from tests.models import FAULTY_RUNTIME, YOLO
 

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 import onnx_bisect
-from onnx_bisect.cli.app import bisect_app
+from onnx_bisect.cli import bisect_app
 from tests.models import YOLO, make
 
 FAULT = "/down1/conv/Conv"

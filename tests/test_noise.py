@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 import onnx_bisect
-from onnx_bisect.cli.app import bisect_app
+from onnx_bisect.cli import bisect_app
 from onnx_bisect.compare.criterion import NOISE_EPS, NOISE_K
 from tests.faulty import FaultyBackend
 from tests.models import TRANSFORMER, YOLO, YOLO_FUSED

@@ -16,7 +16,7 @@ from onnx.reference import ReferenceEvaluator
 from typer.testing import CliRunner
 
 import onnx_bisect
-from onnx_bisect.cli.app import app, bisect_app
+from onnx_bisect.cli import app, bisect_app
 from onnx_bisect.repro.verify import load_bundle
 from tests.faulty import FaultyBackend
 from tests.models import FAULTY_RUNTIME, YOLO, YOLO_FUSED, residual

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 import onnx_bisect
-from onnx_bisect.cli.app import bisect_app
+from onnx_bisect.cli import bisect_app
 from onnx_bisect.compare.topk import TopKSpec, parse_topk, topk_check
 from onnx_bisect.errors import InputError
 from tests.faulty import FaultyBackend

@@ -14,7 +14,7 @@ import onnx_bisect
 from onnx_bisect import Verdict
 from onnx_bisect.backends import Backend, create_backend
 from onnx_bisect.backends.tract import TractBackend, input_fact
-from onnx_bisect.cli.app import bisect_app
+from onnx_bisect.cli import bisect_app
 from onnx_bisect.errors import BackendError, SpecError
 from onnx_bisect.graph.extract import with_outputs
 from tests.models import TRANSFORMER, YOLO, YOLO_FUSED, chain, make, two_inputs

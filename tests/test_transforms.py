@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import onnx_bisect
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.backends.spec import parse_spec
-from onnx_bisect.cli.app import bisect_app
+from onnx_bisect.cli import bisect_app
 from onnx_bisect.errors import SpecError
 from onnx_bisect.report.curve import error_curve
 from onnx_bisect.transforms.apply import apply_transforms

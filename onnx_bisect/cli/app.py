@@ -13,18 +13,9 @@ from onnx_bisect.cli.commands import (
     repro_command,
     run_command,
 )
-from onnx_bisect.cli.output import EXIT_DIVERGED, EXIT_INTERNAL, EXIT_MATCH, EXIT_USAGE, err
+from onnx_bisect.cli.output import EXIT_USAGE, err
 
-__all__ = [
-    "EXIT_DIVERGED",
-    "EXIT_INTERNAL",
-    "EXIT_MATCH",
-    "EXIT_USAGE",
-    "app",
-    "bisect_app",
-    "bisect_entry",
-    "main_entry",
-]
+__all__ = ["app", "bisect_app", "bisect_entry", "main_entry"]
 
 app = typer.Typer(
     name="onnx-bisect",

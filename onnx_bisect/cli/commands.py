@@ -16,8 +16,24 @@ from onnx_bisect.api import bisect as run_bisect
 from onnx_bisect.backends.registry import adapters
 from onnx_bisect.backends.spec import ALIASES
 from onnx_bisect.cli.output import EXIT_DIVERGED, EXIT_MATCH, fail, stdout, user_errors
-from onnx_bisect.cli.params import MetricName, StrategyName, parse_bytes, parse_threshold
-from onnx_bisect.compare.criterion import NOISE_EPS, NOISE_K
+from onnx_bisect.cli.params import (
+    DEFAULTS,
+    MAX_MEMORY_TEXT,
+    THRESHOLD_TEXT,
+    DebugOpt,
+    InputOpt,
+    MaxMemoryOpt,
+    MetricName,
+    ModelArg,
+    RefOpt,
+    SeedOpt,
+    ShapeOpt,
+    StrategyName,
+    TargetOpt,
+    ThresholdOpt,
+    parse_bytes,
+    parse_threshold,
+)
 from onnx_bisect.inputs.feeds import parse_shape
 from onnx_bisect.report.files import check_formats, write_reports
 from onnx_bisect.repro.verify import run_bundle
@@ -26,54 +42,40 @@ __all__ = ["backends_command", "dump_command", "reduce_command", "repro_command"
 
 
 def run_command(
-    model: Annotated[
-        Path,
-        typer.Argument(help="The ONNX model to diagnose.", metavar="MODEL", show_default=False),
-    ],
-    target: Annotated[str, typer.Option("--target", "-t", help="Backend under test (spec).")],
-    ref: Annotated[str, typer.Option("--ref", "-r", help="Trusted backend (spec).")] = "cpu",
+    model: ModelArg,
+    target: TargetOpt,
+    ref: RefOpt = "cpu",
     target_model: Annotated[
         Path | None,
         typer.Option(help="Run this other model on the target (e.g. an optimized copy)."),
     ] = None,
-    input: Annotated[
-        Path | None, typer.Option("--input", "-i", help=".npz, .npy or test-case dir of .pb")
-    ] = None,
-    shape: Annotated[
-        list[str] | None,
-        typer.Option("--shape", "-s", help="NAME=1x3x640x640; fixes dynamic dims. Repeatable."),
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Seed for generated inputs.")] = 0,
-    metric: Annotated[MetricName, typer.Option(help="Metric that decides divergence.")] = "rel_l2",  # type: ignore[assignment]
-    threshold: Annotated[
-        str,
-        typer.Option(
-            help="Divergence threshold for --metric, or 'auto': k × each tensor's fp32 noise "
-            "(measured against a float64 reference) + eps."
-        ),
-    ] = "1e-3",
+    input: InputOpt = None,
+    shape: ShapeOpt = None,
+    seed: SeedOpt = DEFAULTS.seed,
+    metric: Annotated[
+        MetricName, typer.Option(help="Metric that decides divergence.")
+    ] = DEFAULTS.metric,  # type: ignore[assignment]
+    threshold: ThresholdOpt = THRESHOLD_TEXT,
     noise_k: Annotated[
         float, typer.Option(help="With --threshold auto: multiplier on each tensor's fp32 noise.")
-    ] = NOISE_K,
+    ] = DEFAULTS.noise_k,
     noise_eps: Annotated[
         float, typer.Option(help="With --threshold auto: added to every threshold (rel_l2).")
-    ] = NOISE_EPS,
+    ] = DEFAULTS.noise_eps,
     atol: Annotated[
         float | None, typer.Option(help="Use allclose semantics with this atol.")
     ] = None,
     rtol: Annotated[
         float | None, typer.Option(help="Use allclose semantics with this rtol.")
     ] = None,
-    max_memory: Annotated[
-        str, typer.Option(help="Most probe output bytes one run may hold, e.g. 4GB, 256MB.")
-    ] = "4GB",
+    max_memory: MaxMemoryOpt = MAX_MEMORY_TEXT,
     strategy: Annotated[
         StrategyName,
         typer.Option(
             help="scan: mark everything; bisect: search over cuts; auto: scan, then "
             "bisect if marking outputs changes the target's result."
         ),
-    ] = "auto",  # type: ignore[assignment]
+    ] = DEFAULTS.strategy,  # type: ignore[assignment]
     isolate_crashes: Annotated[
         bool | None,
         typer.Option(
@@ -88,7 +90,7 @@ def run_command(
     ] = None,
     always_scan: Annotated[
         bool, typer.Option(help="Scan and isolate even when the final outputs agree.")
-    ] = False,
+    ] = DEFAULTS.always_scan,
     topk: Annotated[
         list[str] | None,
         typer.Option(
@@ -109,7 +111,7 @@ def run_command(
     top: Annotated[int, typer.Option(help="Rows in the terminal's top table.")] = 10,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the exit code.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress.")] = False,
-    debug: Annotated[bool, typer.Option(help="Show tracebacks for internal errors.")] = False,
+    debug: DebugOpt = False,
 ) -> None:
     """Find the first node where TARGET departs from REF, and the node that causes it."""
     logging.basicConfig(
@@ -172,15 +174,15 @@ def _argv_of(
 
 
 def reduce_command(
-    model: Annotated[Path, typer.Argument(metavar="MODEL", show_default=False)],
-    target: Annotated[str, typer.Option("--target", "-t", help="Backend under test (spec).")],
+    model: ModelArg,
+    target: TargetOpt,
     out: Annotated[Path, typer.Option("--out", "-o", help="Bundle directory.")],
-    ref: Annotated[str, typer.Option("--ref", "-r", help="Trusted backend (spec).")] = "cpu",
-    input: Annotated[Path | None, typer.Option("--input", "-i", help="Inputs file.")] = None,
-    shape: Annotated[list[str] | None, typer.Option("--shape", "-s", help="NAME=DIMS.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed for generated inputs.")] = 0,
-    threshold: Annotated[str, typer.Option(help="A number, or 'auto'.")] = "1e-3",
-    debug: Annotated[bool, typer.Option(help="Show tracebacks for internal errors.")] = False,
+    ref: RefOpt = "cpu",
+    input: InputOpt = None,
+    shape: ShapeOpt = None,
+    seed: SeedOpt = DEFAULTS.seed,
+    threshold: ThresholdOpt = THRESHOLD_TEXT,
+    debug: DebugOpt = False,
 ) -> None:
     """Write a minimal, verified repro bundle for MODEL to OUT (no reports)."""
     with user_errors(debug):
@@ -217,14 +219,14 @@ def repro_command(
 
 
 def dump_command(
-    model: Annotated[Path, typer.Argument(metavar="MODEL", show_default=False)],
+    model: ModelArg,
     backend: Annotated[str, typer.Option("--backend", "-b", help="Backend to dump (spec).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write.")],
-    input: Annotated[Path | None, typer.Option("--input", "-i", help="Inputs file.")] = None,
-    shape: Annotated[list[str] | None, typer.Option("--shape", "-s", help="NAME=DIMS.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed for generated inputs.")] = 0,
-    max_memory: Annotated[str, typer.Option(help="Most output bytes per run.")] = "4GB",
-    debug: Annotated[bool, typer.Option(help="Show tracebacks for internal errors.")] = False,
+    input: InputOpt = None,
+    shape: ShapeOpt = None,
+    seed: SeedOpt = DEFAULTS.seed,
+    max_memory: MaxMemoryOpt = MAX_MEMORY_TEXT,
+    debug: DebugOpt = False,
 ) -> None:
     """Write every tensor BACKEND computes to OUT, to compare later with --target dump:OUT."""
     from onnx_bisect.dumper import dump

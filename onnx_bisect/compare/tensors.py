@@ -38,29 +38,19 @@ def compare_tensors(
         return Comparison(name, Status.MISSING, math.nan, reason=f"{missing} did not produce it")
     ref, target = np.asarray(ref), np.asarray(target)
     rd, td = str(ref.dtype), str(target.dtype)
+    shape = tuple(ref.shape)
+
+    def mismatch(status: Status, reason: str) -> Comparison:
+        return Comparison(
+            name, status, math.nan, shape=shape, ref_dtype=rd, target_dtype=td, reason=reason
+        )
+
     if ref.shape != target.shape:
-        return Comparison(
-            name,
-            Status.SHAPE,
-            math.nan,
-            shape=tuple(ref.shape),
-            ref_dtype=rd,
-            target_dtype=td,
-            reason=f"shape {tuple(target.shape)} != reference {tuple(ref.shape)}",
-        )
-    kr, kt = _kind(ref), _kind(target)
-    if kr != kt:
-        return Comparison(
-            name,
-            Status.DTYPE,
-            math.nan,
-            shape=tuple(ref.shape),
-            ref_dtype=rd,
-            target_dtype=td,
-            reason=f"dtype {target.dtype} != reference {ref.dtype}",
-        )
+        return mismatch(Status.SHAPE, f"shape {tuple(target.shape)} != reference {shape}")
+    if _kind(ref) != _kind(target):
+        return mismatch(Status.DTYPE, f"dtype {target.dtype} != reference {ref.dtype}")
     limit, noise = crit.threshold_for(name, ref)
-    judge = _judge_exact if kr != "float" else _judge_float
+    judge = _judge_exact if _kind(ref) != "float" else _judge_float
     status, metrics, nonfinite, reason = judge(ref.ravel(), target.ravel(), crit, limit)
     return Comparison(
         name,

@@ -16,7 +16,7 @@ from onnx_bisect.engine.search import CutSearch
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendCrash, BackendError
 from onnx_bisect.graph.extract import identity_model, prefix_model
-from onnx_bisect.result import NodeResult, RootCause, Verdict
+from onnx_bisect.result import CauseKind, NodeResult, RootCause, Verdict
 
 __all__ = ["crash_search"]
 
@@ -43,22 +43,15 @@ def crash_search(session: Session, crash: BackendCrash) -> Found:
     node = loaded.nodes[outcome.transition - 1]
     message = str(crash).removeprefix("target failed: ")
     rows = tuple(
-        NodeResult(
-            index=n.index,
-            name=n.name,
-            op_type=n.op_type,
-            inputs=n.inputs,
-            outputs=n.outputs,
-            verdict=Verdict.CRASHED if n is node else Verdict.NOT_PROBED,
-            accumulated=None,
-            note=f"the target crashes when this node is in the model: {message}"
-            if n is node
-            else "",
+        NodeResult.of(n, Verdict.NOT_PROBED)
+        if n is not node
+        else NodeResult.of(
+            n, Verdict.CRASHED, note=f"the target crashes when this node is in the model: {message}"
         )
         for n in loaded.nodes
     )
     cause = RootCause(
-        "crash",
+        CauseKind.CRASH,
         (node.name,),
         f"the target crashes whenever {node.op_type} {node.name!r} is in the model, and runs "
         f"every smaller prefix of the graph ({message})",

@@ -72,7 +72,7 @@ def search_info(outcome: SearchOutcome, reason: str, node: NodeInfo) -> SearchIn
     return SearchInfo(
         reason=reason,
         runs=outcome.runs,
-        probes=outcome.probes,
+        asked=outcome.asked,
         monotone=outcome.monotone,
         refined=outcome.refined,
         transition_node=node.name,

@@ -30,7 +30,7 @@ from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.inputs.feeds import input_specs, make_feeds, validate_feeds
 from onnx_bisect.options import BisectOptions, ModelLike
-from onnx_bisect.result import BackendInfo, BisectResult, ReproInfo
+from onnx_bisect.result import BackendInfo, BisectResult, Outcome, ReproInfo
 from onnx_bisect.transforms.apply import transformed
 from onnx_bisect.transforms.registry import TransformRecord
 
@@ -155,7 +155,7 @@ def to_result(session: Session, diagnosis: Diagnosis, repro: ReproInfo | None) -
     if screened is not None:
         checks = tuple(topk_checks(list(setup.topk), screened.ref_outputs, screened.target_outputs))
     return BisectResult(
-        verdict="diverged" if diagnosis.diverged else "match",
+        verdict=Outcome.DIVERGED if diagnosis.diverged else Outcome.MATCH,
         model=str(setup.loaded.path or IN_MEMORY),
         ref=setup.ref_info,
         target=setup.target_info,

@@ -15,6 +15,7 @@ from onnx_bisect.engine.isolate import IsolationFailure
 from onnx_bisect.engine.observe import Observed
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
 from onnx_bisect.result import (
+    CauseKind,
     NodeResult,
     RootCause,
     Verdict,
@@ -61,19 +62,9 @@ def judge(
                 verdict = Verdict.NOT_PROBED
             else:
                 verdict = Verdict.OK
+        amplification = _amplification(n, acc, accumulated)
         results.append(
-            NodeResult(
-                index=n.index,
-                name=n.name,
-                op_type=n.op_type,
-                inputs=n.inputs,
-                outputs=n.outputs,
-                verdict=verdict,
-                accumulated=acc,
-                isolated=iso,
-                amplification=_amplification(n, acc, accumulated),
-                note=note,
-            )
+            NodeResult.of(n, verdict, acc, isolated=iso, amplification=amplification, note=note)
         )
     return results
 
@@ -106,7 +97,7 @@ def culprit_cause(node: NodeResult) -> RootCause:
     iso = node.isolated
     why = (iso.reason or iso.status.value) if iso is not None else "isolated"
     return RootCause(
-        "culprit",
+        CauseKind.CULPRIT,
         (node.name,),
         f"{node.op_type} {node.name!r} diverges on its own when fed the reference's inputs ({why})",
     )
@@ -119,7 +110,7 @@ def root_cause(nodes: Sequence[NodeResult], first: NodeResult | None) -> RootCau
         return culprit_cause(culprit)
     if first is None:
         return RootCause(
-            "none",
+            CauseKind.NONE,
             (),
             "the final outputs diverge but no probed tensor does: marking intermediates as "
             "outputs changes the target's result (a fusion is likely involved)",
@@ -127,7 +118,7 @@ def root_cause(nodes: Sequence[NodeResult], first: NodeResult | None) -> RootCau
     failed = [n.name for n in nodes if n.verdict in (Verdict.UNSUPPORTED, Verdict.FAILED)]
     extra = f"; the target could not run {', '.join(failed[:3])} alone" if failed else ""
     return RootCause(
-        "none",
+        CauseKind.NONE,
         (),
         "no single node diverges when fed the reference's inputs: the error comes from a "
         "pattern of nodes or from accumulated rounding" + extra,
@@ -169,14 +160,16 @@ def dump_verdicts(
     cause = None
     if culprit is not None:
         cause = RootCause(
-            "culprit",
+            CauseKind.CULPRIT,
             (culprit.name,),
             f"{culprit.op_type} {culprit.name!r}: its inputs match the reference and its output "
             "does not (derived from a dump, which cannot be isolated; a fusion ending at this "
             "node is as likely as a kernel bug)",
         )
     elif first is not None:
-        cause = RootCause("none", (), "the dump diverges, but no node with clean inputs does")
+        cause = RootCause(
+            CauseKind.NONE, (), "the dump diverges, but no node with clean inputs does"
+        )
     return derived, first, cause
 
 
@@ -210,7 +203,7 @@ def mark_pattern(
     names = tuple(n.name for n in window)
     ops = " -> ".join(n.op_type for n in window)
     cause = RootCause(
-        "pattern",
+        CauseKind.PATTERN,
         names,
         f"no node diverges alone, but the window {ops} ({len(names)} nodes) does when fed the "
         f"reference's inputs ({worst.reason or worst.status.value}): a pattern or fusion bug",

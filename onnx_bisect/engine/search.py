@@ -15,13 +15,13 @@ class SearchOutcome:
     """Where divergence first appears along the positions, and how sure we are."""
 
     transition: int  # smallest position found diverged; the node just before it is the suspect
-    probes: tuple[tuple[int, bool], ...]  # every position asked, in order, with its answer
+    asked: tuple[tuple[int, bool], ...]  # every position asked, in order, with its answer
     monotone: bool  # False when an extra check contradicted the binary search
     refined: bool  # True when a linear pass around the transition had to decide
 
     @property
     def runs(self) -> int:
-        return len(self.probes)
+        return len(self.asked)
 
 
 @dataclass
@@ -54,8 +54,8 @@ class CutSearch:
             monotone = False
             hi = self._refine(ask, hi)
             refined = True
-        probes = tuple((p, self.answers[p]) for p in self.order)
-        return SearchOutcome(hi, probes, monotone, refined)
+        asked = tuple((p, self.answers[p]) for p in self.order)
+        return SearchOutcome(hi, asked, monotone, refined)
 
     def _asker(self, diverged: Callable[[int], bool]) -> Callable[[int], bool]:
         def ask(p: int) -> bool:
@@ -110,9 +110,7 @@ def closure_windows(
     of that tensor inside the window, or the tensor stays an output; LayerNorm feeding Q, K
     and V is the usual case.
     """
-    members: list[int] = []
     for window in _grow(start, producers, max_size):
-        members = [m for m in window if m not in members] + members
         closed = set(window)
         for m in window:
             if m != start:

@@ -7,7 +7,7 @@ isolation, so beyond the memory budget they are written to disk once and mapped 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +63,6 @@ class TensorStore:
     @property
     def metas(self) -> Mapping[str, TensorMeta]:
         return self._meta
-
-    def subset(self, names: Sequence[str]) -> TensorStore:
-        """A store that answers only for ``names``, sharing this one's arrays and files."""
-        return self.view({n: n for n in names})
 
     def view(self, names: Mapping[str, str]) -> TensorStore:
         """A store answering under each key for the tensor its value names here (another

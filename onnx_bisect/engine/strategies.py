@@ -37,7 +37,7 @@ from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.graph.extract import with_outputs
 from onnx_bisect.graph.match import match_tensors
 from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
-from onnx_bisect.result import NodeResult, RootCause, SearchInfo, Verdict
+from onnx_bisect.result import CauseKind, NodeResult, RootCause, SearchInfo, Verdict
 
 __all__ = ["STRATEGIES", "Strategy", "choose"]
 
@@ -61,7 +61,7 @@ def scan_strategy(session: Session, screened: Observed) -> Found:
     nodes = judge(session.loaded, scanned.comparisons, isolated, session.crit)
     first = first_divergence(nodes)
     cause = root_cause(nodes, first)
-    if first is not None and cause is not None and cause.kind == "none":
+    if first is not None and cause is not None and cause.kind is CauseKind.NONE:
         nodes, first, cause, _ = _with_pattern(session, store, nodes, first, cause, None)
     if observer and screened.diverged and session.options.strategy == "auto":
         log.info("switching to the bisect strategy")
@@ -181,7 +181,9 @@ def _by_cut_search(
         )
     if first.verdict is Verdict.CULPRIT and first.isolated is not None:
         return Found("bisect", tuple(judged), first, culprit_cause(first), search, store=store)
-    fallback = RootCause("none", (), "no single node or small window reproduces the divergence")
+    fallback = RootCause(
+        CauseKind.NONE, (), "no single node or small window reproduces the divergence"
+    )
     nodes, first, cause, tried = _with_pattern(session, store, judged, first, fallback, search)
     return Found("bisect", tuple(nodes), first, cause, tried, store=store)
 

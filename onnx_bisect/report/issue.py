@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from onnx_bisect.report.format import fmt
 from onnx_bisect.report.markdown import render_markdown, render_table
+from onnx_bisect.result import CauseKind
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult
@@ -20,7 +21,7 @@ TOP_ROWS = 10
 def _headline(result: BisectResult) -> str:
     rc = result.root_cause
     target, ref = result.target.spec, result.ref.spec
-    if rc is not None and rc.kind == "crash" and rc.nodes:
+    if rc is not None and rc.kind is CauseKind.CRASH and rc.nodes:
         return f"`{target}` crashes on `{rc.nodes[0]}`"
     if rc is not None and rc.nodes:
         what = rc.nodes[0] if len(rc.nodes) == 1 else f"{rc.nodes[0]} … {rc.nodes[-1]}"

@@ -55,17 +55,17 @@ def render_markdown(result: BisectResult) -> str:
             "| strongest flip |",
             "|---|---|---|---|---|---|---|",
         ]
-        for c in result.task_checks:
+        for t in result.task_checks:
             lines.append(
-                f"| `{c.output}` | top-{c.k} `{c.spec}` | {c.rows} | {c.top1_agreement:.2%} | "
-                f"{c.topk_overlap:.2%} | {c.rows_changed} | {fmt(c.strongest_flip)} |"
+                f"| `{t.output}` | top-{t.k} `{t.spec}` | {t.rows} | {t.top1_agreement:.2%} | "
+                f"{t.topk_overlap:.2%} | {t.rows_changed} | {fmt(t.strongest_flip)} |"
             )
-        flips = [(c, r) for c in result.task_checks for r in c.changed]
+        flips = [(t, r) for t in result.task_checks for r in t.changed]
         if flips:
             lines += [""] + [
-                f"- `{c.output}` row {list(r.row)}: label {r.ref_label} ({fmt(r.ref_score)}) "
+                f"- `{t.output}` row {list(r.row)}: label {r.ref_label} ({fmt(r.ref_score)}) "
                 f"→ {r.target_label} ({fmt(r.target_score)})"
-                for c, r in flips[:10]
+                for t, r in flips[:10]
             ]
     curve = curve_lines(result)
     if curve:

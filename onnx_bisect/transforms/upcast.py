@@ -65,7 +65,7 @@ from onnx import AttributeProto, TensorProto, defs, helper, numpy_helper
 
 from onnx_bisect.errors import ModelLoadError
 
-__all__ = ["FLOAT_TYPES", "downcast_like", "upcast_feeds", "upcast_model"]
+__all__ = ["FLOAT_TYPES", "upcast_feeds", "upcast_model"]
 
 
 FLOAT_TYPES: frozenset[int] = frozenset(
@@ -137,32 +137,6 @@ def upcast_feeds(
         name: arr.astype(target) if _narrower_float(arr.dtype, target) else arr
         for name, arr in feeds.items()
     }
-
-
-def downcast_like(
-    values: Mapping[str, npt.NDArray[Any]],
-    like: Mapping[str, npt.NDArray[Any] | np.dtype[Any]],
-) -> dict[str, npt.NDArray[Any]]:
-    """Float arrays of ``values`` cast to the float dtype of the same name in ``like``.
-
-    For handing an upcast reference's tensors to a runtime that expects the model's own dtypes.
-    Names missing from ``like``, and non-float arrays, are passed as is.
-    """
-    out: dict[str, npt.NDArray[Any]] = {}
-    for name, arr in values.items():
-        ref = like.get(name)
-        target = (
-            None if ref is None else np.dtype(ref.dtype if isinstance(ref, np.ndarray) else ref)
-        )
-        if target is not None and _is_float(arr.dtype) and _is_float(target):
-            out[name] = arr.astype(target, copy=False)
-        else:
-            out[name] = arr
-    return out
-
-
-def _is_float(dtype: np.dtype[Any]) -> bool:
-    return bool(np.issubdtype(dtype, np.floating)) or dtype.name == "bfloat16"
 
 
 def _narrower_float(dtype: np.dtype[Any], target: np.dtype[Any]) -> bool:
