@@ -24,7 +24,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx_bisect.backends import openvino as ov_backend
+from onnx_bisect.backends import ort as ort_backend
+from onnx_bisect.backends.exec import PLACEHOLDERS
+from onnx_bisect.backends.spec import ALIASES
+from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.compare.metrics import METRICS
+from onnx_bisect.repro import template
 from onnx_bisect.repro.script import SCRIPT_METRICS, render_repro_script
 from tests.models import make
 
@@ -206,6 +212,7 @@ def test_script_is_standalone_and_clean(tmp_path: Path) -> None:
         ref="cpu",
         target="exec:./rt {model} {inputs} {outputs} " + "--flag " * 30,
         title='Conv /down1/conv/Conv (#4) "diverges" on C:\\runtime; __REF__ ' + "x" * 150,
+        workdir="/work/" + "dir/" * 30,
     )
     tree = ast.parse(text)
     doc = ast.get_docstring(tree)
@@ -242,15 +249,97 @@ def _is_setting(stmt: ast.stmt) -> bool:
     )
 
 
+# What render_repro_script substitutes in template.py's text.
+TEMPLATE_PLACEHOLDERS = (
+    "__TITLE__\n",
+    *(f'"__{name}__"' for name in ("REF", "TARGET", "METRIC", "THRESHOLD", "ATOL", "RTOL")),
+    '"__WORKDIR__"',
+)
+
+
 def test_template_placeholders_each_filled_once() -> None:
+    source = Path(template.__file__).read_text()
+    assert {p: source.count(p) for p in TEMPLATE_PLACEHOLDERS} == dict.fromkeys(
+        TEMPLATE_PLACEHOLDERS, 1
+    )
     text = render_repro_script(ref="ref", target="cpu", atol=1e-4, rtol=0.0, metric="cosine")
-    assert "__REF__" not in text and "__TITLE__" not in text
+    assert not re.search(r"__[A-Z]+__", text)
     assert "\nATOL = 0.0001\nRTOL = 0.0\n" in text
     assert '\nMETRIC = "cosine"\nTHRESHOLD = 0.001\n' in text
 
 
 def test_every_onnx_bisect_metric_is_supported() -> None:
     assert set(METRICS) <= set(SCRIPT_METRICS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Drift: the template restates onnx-bisect's tables and metrics, so that repro.py stands alone
+
+
+def test_template_tables_match_the_package() -> None:
+    assert dict(ALIASES) == template.ALIASES
+    assert dict(ort_backend.PROVIDERS) == template.PROVIDERS
+    assert template.PLACEHOLDERS == PLACEHOLDERS
+    assert template.OPT_LEVELS == ort_backend._OPT_LEVELS
+    assert template.PRECISIONS == ov_backend._PRECISIONS
+
+
+def test_script_metrics_are_what_the_template_computes() -> None:
+    computed = template.metrics(np.ones(3), np.zeros(3))
+    assert tuple(computed) == SCRIPT_METRICS
+    assert tuple(template._HIGHER_IS_WORSE) == SCRIPT_METRICS
+    for name in SCRIPT_METRICS:
+        if name in METRICS:
+            assert template._HIGHER_IS_WORSE[name] == METRICS[name].higher_is_worse, name
+
+
+_RNG = np.random.default_rng(1)
+_REF = _RNG.standard_normal((3, 5)).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    ("ref", "target"),
+    [
+        (_REF, _REF + np.float32(1e-3) * _RNG.standard_normal((3, 5)).astype(np.float32)),
+        (_REF, -_REF),
+        (_REF, _REF.copy()),
+        (np.zeros(4, np.float32), np.ones(4, np.float32)),
+        (np.zeros(4, np.float32), np.zeros(4, np.float32)),
+        (np.ones(4, np.float16), np.full(4, 1.001, np.float16)),
+        (np.arange(6, dtype=np.int64), np.arange(6, dtype=np.int64)[::-1].copy()),
+        (np.zeros(0, np.float32), np.zeros(0, np.float32)),
+    ],
+)
+def test_template_metrics_match_the_package(
+    ref: np.ndarray[Any, Any], target: np.ndarray[Any, Any]
+) -> None:
+    computed = template.metrics(ref, target)
+    expected = {name: METRICS[name].fn(ref, target) for name in METRICS}
+    assert computed == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"metric": "rel_l2", "threshold": 1e-3},
+        {"metric": "cosine", "threshold": 0.999},
+        {"metric": "sqnr_db", "threshold": 40.0},
+        {"atol": 1e-4},
+        {"rtol": 0.0},
+    ],
+)
+def test_template_criterion_matches_the_package(kwargs: dict[str, Any]) -> None:
+    """Same defaults for the tolerance not given, same description in the verdict line."""
+    package = Criterion(**kwargs)
+    script = template.Criterion(
+        kwargs.get("metric", "rel_l2"),
+        kwargs.get("threshold", 1e-3),
+        kwargs.get("atol"),
+        kwargs.get("rtol"),
+    )
+    assert script.describe() == package.describe()
+    if package.allclose:
+        assert script.tolerances == (package.atol_value, package.rtol_value)
 
 
 @pytest.mark.parametrize(
