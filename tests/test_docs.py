@@ -14,16 +14,24 @@ Conventions (what a docs author writes):
 - ```python blocks are executed; one whose first line is ``# file: NAME`` is written to NAME in
   the working directory instead (which is on sys.path, so later blocks can import it).
 - ``<!-- test: requires NAME -->`` on the line before a fence skips that block unless NAME (a
-  key of REQUIREMENTS) holds on this machine. Other fences (text, shell, toml, json) never run.
+  key of REQUIREMENTS) holds on this machine (reported as a pytest skip). Other fences (text,
+  shell, toml, json) never run.
+
+Each test item runs one block, or the few blocks that share state (see ``group_blocks``: a
+block that reads a name or a file an earlier block made runs after it, in the same fresh
+session), so every item is self-contained and every block still runs exactly once.
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
 import doctest
 import importlib.util
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -39,7 +47,7 @@ import onnx_bisect
 from onnx_bisect import Verdict
 from onnx_bisect.backends import ALIASES, adapters
 from onnx_bisect.backends.ort import PROVIDERS
-from onnx_bisect.cli.app import EXIT_DIVERGED, EXIT_INTERNAL, EXIT_MATCH, EXIT_USAGE, bisect_app
+from onnx_bisect.cli import EXIT_DIVERGED, EXIT_INTERNAL, EXIT_MATCH, EXIT_USAGE, bisect_app
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -185,13 +193,189 @@ class Session:
         assert result.failed == 0, f"{block.where}: doctest failed\n" + "".join(report)
 
     def _python(self, block: Block) -> None:
-        first, _, rest = block.text.partition("\n")
-        m = re.fullmatch(r"#\s*file:\s*(\S+)", first.strip())
-        if m:
-            (self.workdir / m[1]).write_text(rest)
+        name = _file_block(block)
+        if name is not None:
+            (self.workdir / name).write_text(block.text.partition("\n")[2])
             return
         code = compile(block.text, block.where, "exec")
         exec(code, self.namespace)
+
+
+# --- which blocks share state -------------------------------------------------------------
+# Blocks of one document share a working directory and a namespace, so a block may need what
+# an earlier one made. Each test item runs the blocks that are linked that way (transitively),
+# in document order, in a fresh session; every other block runs alone. Links, found statically:
+# - a Python name a block uses before binding it, bound by an earlier block (the latest one);
+# - a path an earlier block creates (``# file: NAME``, ``--out``/``-o DIR``, ``> FILE``, a
+#   file-like string literal in Python) whose first component a later block mentions.
+# A missed link shows up as that item failing (a NameError, a missing file), with a note.
+
+_BUILTINS = frozenset(dir(builtins))
+_PATH = re.compile(r"[\w.\-/]+")  # the characters a relative path in the docs is made of
+_WRITE_OPTIONS = frozenset({"--out", "-o", ">", ">>"})
+
+
+def _file_block(block: Block) -> str | None:
+    """NAME for a python block whose first line is ``# file: NAME``."""
+    if block.lang != "python":
+        return None
+    m = re.fullmatch(r"#\s*file:\s*(\S+)", block.text.partition("\n")[0].strip())
+    return m[1] if m else None
+
+
+def _code(block: Block) -> str:
+    """What a block runs: a console block's commands, a pycon block's sources, python as is."""
+    if block.lang == "console":
+        return "\n".join(cmd for cmd, _ in parse_console(block.text))
+    if block.lang == "pycon":
+        return "".join(ex.source for ex in doctest.DocTestParser().get_examples(block.text))
+    return block.text
+
+
+def _heads(text: str) -> set[str]:
+    """First components of the relative paths ``text`` may mention. ``examples/`` is in every
+    session already; fragments starting with / or - are node names, absolute paths, options."""
+    heads = set()
+    for fragment in _PATH.findall(text):
+        head = fragment.split("/", 1)[0]
+        if head and not fragment.startswith(("/", "-")) and head not in {".", "..", "examples"}:
+            heads.add(head)
+    return heads
+
+
+def _file_like(literal: str) -> set[str]:
+    """Heads of the file names in a Python string literal: ``"images.npz"``, ``"case/x"``,
+    ``"api-report"``; not plain words (``"cpu"``) or numbers (``"1e-3"``)."""
+    heads = set()
+    for fragment in _PATH.findall(literal):
+        try:
+            float(fragment)
+            continue
+        except ValueError:
+            pass
+        if re.search(r"[A-Za-z]", fragment) and re.search(r"[./-]", fragment):
+            heads |= _heads(fragment)
+    return heads
+
+
+@dataclass(frozen=True)
+class BlockState:
+    defines: frozenset[str]  # Python names the block binds
+    needs: frozenset[str]  # Python names it uses before binding them
+    writes: frozenset[str]  # heads of the paths it creates in the working directory
+    reads: frozenset[str]  # heads of the paths it mentions
+
+
+def block_state(block: Block) -> BlockState:
+    none: frozenset[str] = frozenset()
+    name = _file_block(block)
+    if name is not None:
+        return BlockState(none, none, frozenset(_heads(name)), none)
+    code = _code(block)
+    reads = _heads(code)
+    if block.lang == "console":
+        writes: set[str] = set()
+        for cmd, _ in parse_console(block.text):
+            try:
+                words = shlex.split(cmd)
+            except ValueError:
+                words = cmd.split()
+            for flag, value in zip(words, words[1:], strict=False):
+                if flag in _WRITE_OPTIONS:
+                    writes |= _heads(value)
+            for word in words:  # --out=DIR
+                option, eq, value = word.partition("=")
+                if eq and option in _WRITE_OPTIONS:
+                    writes |= _heads(value)
+        return BlockState(none, none, frozenset(writes), frozenset(reads))
+    defined: set[str] = set()
+    needs: set[str] = set()
+    writes = set()
+    try:
+        statements = ast.parse(code).body
+    except SyntaxError:  # the block fails when it runs, with the doctest's own message
+        statements = []
+    for stmt in statements:
+        bound: set[str] = set()
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+                bound.add(node.id)
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                bound.add(node.name)
+            elif isinstance(node, ast.arg):
+                bound.add(node.arg)
+            elif isinstance(node, ast.alias):
+                bound.add((node.asname or node.name).split(".")[0])
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    modules = [node.module]
+                for module in modules:  # a module may be a file an earlier block wrote
+                    top = module.split(".")[0]
+                    reads |= {top, f"{top}.py"}
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                writes |= _file_like(node.value)
+        loads = {
+            n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+        }
+        needs |= loads - defined - bound - _BUILTINS
+        defined |= bound
+    return BlockState(frozenset(defined), frozenset(needs), frozenset(writes), frozenset(reads))
+
+
+@dataclass(frozen=True)
+class DocGroup:
+    """Blocks of one document that run together, in order, in one fresh session."""
+
+    doc: str
+    blocks: tuple[Block, ...]
+    needs: tuple[frozenset[int], ...]  # per block: positions in ``blocks`` it depends on
+
+    @property
+    def id(self) -> str:
+        return f"{self.doc}:" + "+".join(str(b.line) for b in self.blocks)
+
+
+def group_blocks(doc: str, blocks: list[Block]) -> list[DocGroup]:
+    states = [block_state(b) for b in blocks]
+    needs: list[set[int]] = [set() for _ in blocks]
+    for i, state in enumerate(states):
+        needs[i] |= {j for j in range(i) if state.reads & states[j].writes}
+        for name in state.needs:
+            definer = next((j for j in reversed(range(i)) if name in states[j].defines), None)
+            if definer is not None:
+                needs[i].add(definer)
+    root = list(range(len(blocks)))
+
+    def find(i: int) -> int:
+        while root[i] != i:
+            i = root[i]
+        return i
+
+    for i, deps in enumerate(needs):
+        for j in deps:
+            root[find(i)] = find(j)
+    members: dict[int, list[int]] = {}
+    for i in range(len(blocks)):
+        members.setdefault(find(i), []).append(i)
+    groups = []
+    for idx in members.values():  # in document order of each group's first block
+        pos = {i: k for k, i in enumerate(idx)}
+        groups.append(
+            DocGroup(
+                doc,
+                tuple(blocks[i] for i in idx),
+                tuple(frozenset(pos[j] for j in needs[i]) for i in idx),
+            )
+        )
+    return groups
+
+
+def runnable_blocks(doc: str) -> list[Block]:
+    return [b for b in parse_blocks(DOCS / doc) if b.lang in RUNNABLE]
+
+
+DOC_GROUPS = [g for doc in GUIDE_DOCS for g in group_blocks(doc, runnable_blocks(doc))]
 
 
 @pytest.fixture
@@ -206,24 +390,96 @@ def session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Session:
     return s
 
 
-@pytest.mark.parametrize("doc", GUIDE_DOCS)
-def test_doc_examples_run(doc: str, session: Session) -> None:
-    blocks = [b for b in parse_blocks(DOCS / doc) if b.lang in RUNNABLE]
-    assert blocks, f"docs/{doc} has no runnable examples"
-    for block in blocks:
+@pytest.mark.parametrize("group", DOC_GROUPS, ids=lambda g: g.id)
+def test_doc_examples_run(group: DocGroup, session: Session) -> None:
+    skipped: dict[int, str] = {}
+    for k, block in enumerate(group.blocks):
         if block.requires is not None:
             assert block.requires in REQUIREMENTS, f"{block.where}: unknown requirement"
             if not REQUIREMENTS[block.requires]():
+                skipped[k] = f"{block.where} requires {block.requires}, not available here"
                 continue
+        if group.needs[k] & skipped.keys():
+            skipped[k] = f"{block.where} needs a skipped block"
+            continue
         block_modules = set(sys.modules)
         try:
             session.run(block)
+        except Exception as exc:
+            exc.add_note(
+                f"({group.id} ran in a fresh session: state from blocks outside this test "
+                "item is missing; if the block needs some, group_blocks must link them)"
+            )
+            raise
         finally:
-            # Modules a block wrote into the workdir must not leak into the next document.
+            # Modules a block wrote into the workdir must not leak into the next test item.
             for name in set(sys.modules) - block_modules:
                 mod = sys.modules[name]
                 if str(getattr(mod, "__file__", "") or "").startswith(str(session.workdir)):
                     del sys.modules[name]
+    if skipped:
+        pytest.skip("; ".join(skipped.values()))
+
+
+def test_every_guide_doc_has_runnable_examples() -> None:
+    for doc in GUIDE_DOCS:
+        assert runnable_blocks(doc), f"docs/{doc} has no runnable examples"
+
+
+def test_doc_groups_run_every_block_once_in_document_order() -> None:
+    for doc in GUIDE_DOCS:
+        groups = [g for g in DOC_GROUPS if g.doc == doc]
+        assert sorted(b.line for g in groups for b in g.blocks) == [
+            b.line for b in runnable_blocks(doc)
+        ]
+        for g in groups:
+            assert [b.line for b in g.blocks] == sorted(b.line for b in g.blocks)
+
+
+def test_blocks_that_share_names_or_files_are_grouped(tmp_path: Path) -> None:
+    fence = "```"
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        f"{fence}console\n$ bisect m.onnx --target cpu --out=rep\n{fence}\n"  # 1: writes rep/
+        f"{fence}pycon\n>>> x = [n for n in range(3)]\n{fence}\n"  # 2: binds x
+        f"{fence}python\n# file: helper.py\ndef f(): return 1\n{fence}\n"  # 3: writes helper.py
+        f"{fence}console\n$ ls rep\n{fence}\n"  # 4: reads rep/ -> 1
+        f"{fence}pycon\n>>> from helper import f\n>>> f() + len(x)\n4\n{fence}\n"  # -> 3, 2
+        f"{fence}python\nimport numpy as np\nnp.save('a.npy', np.zeros(1))\n{fence}\n"  # 6
+        f"{fence}console\n$ bisect m.onnx --ref cpu --target 'cpu?opt=disable'\n{fence}\n"  # 7
+        f"{fence}console\n$ python -c \"import numpy as np; np.load('a.npy')\"\n{fence}\n"  # -> 6
+        f"{fence}pycon\n>>> import numpy as np\n>>> y = np.ones(2)\n{fence}\n"  # 9: own np
+    )
+    blocks = [b for b in parse_blocks(doc) if b.lang in RUNNABLE]
+    order = {b.line: k + 1 for k, b in enumerate(blocks)}
+    groups = group_blocks("doc.md", blocks)
+    assert [[order[b.line] for b in g.blocks] for g in groups] == [
+        [1, 4],
+        [2, 3, 5],
+        [6, 8],
+        [7],
+        [9],
+    ]
+    (shared,) = [g for g in groups if len(g.blocks) == 3]
+    assert shared.needs == (frozenset(), frozenset(), frozenset({0, 1}))  # 5 needs 2 and 3
+
+
+def test_a_block_whose_requirement_fails_is_a_skip_with_its_dependents(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(REQUIREMENTS, "never", lambda: False)
+    fence = "```"
+    doc = session.workdir / "doc.md"
+    doc.write_text(
+        f"<!-- test: requires never -->\n{fence}console\n$ echo made > f.txt\n{fence}\n"
+        f"{fence}console\n$ cat f.txt\nmade\n{fence}\n"  # needs f.txt: skipped too
+    )
+    (group,) = group_blocks("doc.md", [b for b in parse_blocks(doc) if b.lang in RUNNABLE])
+    with pytest.raises(pytest.skip.Exception) as skip:
+        test_doc_examples_run(group, session)
+    assert str(skip.value) == (
+        "docs/doc.md:2 requires never, not available here; docs/doc.md:5 needs a skipped block"
+    )
 
 
 def test_console_parser_reads_commands_outputs_and_exit_codes() -> None:
