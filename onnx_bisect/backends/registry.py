@@ -116,7 +116,8 @@ def create_backend(
         from onnx_bisect.backends.exec import ExecBackend
 
         return ExecBackend(parsed, timeout)
-    backend = _factory(parsed)(_without_module(parsed))  # validates spec and availability here
+    factory, parsed = _factory(parsed)
+    backend = factory(parsed)  # validates the spec and availability here, not in a child
     if in_child:
         from onnx_bisect.backends.sandbox import SandboxBackend
 
@@ -124,27 +125,23 @@ def create_backend(
     return backend
 
 
-def _factory(parsed: BackendSpec) -> Callable[[BackendSpec], Backend]:
+def _factory(parsed: BackendSpec) -> tuple[Callable[[BackendSpec], Backend], BackendSpec]:
+    """The adapter's factory and the spec it is called with (a ``pkg.module:Class`` plugin
+    gets its spec without the class in the device slot)."""
     if parsed.name == "file":
-        return _from_file(parsed)
+        return _from_file(parsed), parsed
     table = adapters()
     adapter = table.get(parsed.name)
     if adapter is None and "." in parsed.name and parsed.device:
         # `pkg.module:Class`: a third-party adapter named by where it lives.
         adapter = Adapter(parsed.name, f"{parsed.name}:{parsed.device}", "plugin by module path")
+        parsed = replace(parsed, device=None)
     if adapter is None:
         known = ", ".join(sorted(set(table) | set(ALIASES)))
         raise SpecError(f"unknown backend {parsed.name!r}; known: {known}")
     try:
-        return adapter.factory()
+        return adapter.factory(), parsed
     except (ImportError, AttributeError) as exc:
         raise BackendUnavailableError(
             f"backend {parsed.text!r} is not available: {one_line(exc)}"
         ) from exc
-
-
-def _without_module(parsed: BackendSpec) -> BackendSpec:
-    """A ``pkg.module:Class`` plugin gets its spec without the class in the device slot."""
-    if parsed.name not in adapters() and "." in parsed.name and parsed.device:
-        return replace(parsed, device=None)
-    return parsed

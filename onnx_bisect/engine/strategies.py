@@ -184,8 +184,8 @@ def _by_cut_search(
     fallback = RootCause(
         CauseKind.NONE, (), "no single node or small window reproduces the divergence"
     )
-    nodes, first, cause, tried = _with_pattern(session, store, judged, first, fallback, search)
-    return Found("bisect", tuple(nodes), first, cause, tried, store=store)
+    nodes, first, cause, searched = _with_pattern(session, store, judged, first, fallback, search)
+    return Found("bisect", tuple(nodes), first, cause, searched, store=store)
 
 
 def _worst_at(session: Session, cut: CutResult) -> Comparison | None:
