@@ -80,7 +80,9 @@ _BUILTIN = (
     ),
     Adapter("exec", "onnx_bisect.backends.exec:ExecBackend", "any program: exec:CMD protocol"),
     Adapter("dump", "onnx_bisect.backends.dump:DumpBackend", "tensors dumped earlier: dump:DIR"),
-    Adapter("torch", "onnx_bisect.backends.unavailable:TorchBackend", "torch (mps/cuda/cpu)"),
+    Adapter(
+        "torch", "onnx_bisect.backends.torch:TorchBackend", "torch on cpu, cuda, mps or xpu"
+    ),
 )
 
 

@@ -1,0 +1,87 @@
+"""``torch[:DEVICE]``: ONNX executed by torch on cpu, cuda, mps or xpu, in any float dtype,
+eagerly or through ``torch.compile``.
+
+The model is run by our interpreter (``interpreter.Program``), one torch call per node; see
+docs/architecture.md for why we interpret instead of converting with onnx2fx.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy.typing as npt
+import onnx
+
+from onnx_bisect.backends.protocol import BackendBase, Tensors
+from onnx_bisect.backends.spec import BackendSpec
+from onnx_bisect.backends.torch.devices import check_device, torch_missing
+from onnx_bisect.backends.torch.options import TorchOptions
+from onnx_bisect.errors import BackendUnavailableError
+
+__all__ = ["TorchBackend"]
+
+
+class TorchBackend(BackendBase):
+    def __init__(self, spec: BackendSpec) -> None:
+        super().__init__(spec)
+        self.options = TorchOptions.parse(spec)  # a bad spec is a usage error even without torch
+        missing = torch_missing()
+        if missing:
+            raise BackendUnavailableError(f"backend {spec.text!r} is not available: {missing}")
+        check_device(self.options.device, spec.text)
+
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        return torch_missing()
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        import torch
+
+        from onnx_bisect.backends.torch.context import to_numpy
+        from onnx_bisect.backends.torch.interpreter import Program
+        from onnx_bisect.backends.torch.numerics import numerics
+
+        o = self.options
+        device = torch.device(o.device)
+        policy = getattr(torch, o.dtype) if o.dtype else None
+        opsets = {_domain(i.domain): i.version for i in model.opset_import}
+        program = Program(model.graph, opsets, device, policy)
+        inputs = program.feed(feeds)
+        with numerics(tf32=o.tf32, deterministic=o.deterministic), torch.inference_mode():
+            out = _compiled(program, o.compile)(inputs) if o.compile else program.run(inputs)
+        return {name: to_numpy(value) for name, value in out.items() if value is not None}
+
+    def describe(self) -> str:
+        import torch
+
+        return f"torch {torch.__version__} {self.options.device} {self.options.label()}"
+
+    def versions(self) -> dict[str, str]:
+        import torch
+
+        return {"torch": torch.__version__}
+
+
+def _domain(name: str) -> str:
+    return "" if name == "ai.onnx" else name
+
+
+def _compiled(program: Any, backend: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """``program`` traced by TorchDynamo and compiled by ``backend``: the fx graph a compiler
+    sees, with the model's marked outputs as graph outputs (marking changes what it may fuse,
+    which the search's observer check accounts for)."""
+    import torch
+
+    wanted = list(program.outputs)
+
+    def forward(inputs: dict[str, Any]) -> tuple[Any, ...]:
+        out = program.run(inputs)
+        return tuple(out[n] for n in wanted)
+
+    fn = torch.compile(forward, backend=backend, dynamic=False)
+
+    def call(inputs: dict[str, Any]) -> dict[str, Any]:
+        return dict(zip(wanted, fn(inputs), strict=True))
+
+    return call

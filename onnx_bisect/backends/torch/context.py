@@ -1,0 +1,111 @@
+"""What an operator implementation may ask of the interpreter: the device, the floating-point
+policy, the opset, and a way to run a subgraph (``If``, ``Loop``, ``Scan``).
+
+The policy is how ``dtype=float64`` (the oracle) and ``dtype=float16``/``bfloat16`` reach every
+floating tensor the model makes, not only its inputs: constants, ``Cast`` targets,
+``ConstantOfShape`` and random ops all ask ``floating()``. Integer and bool tensors are never
+touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+import torch
+from onnx import helper, numpy_helper
+
+from onnx_bisect.errors import BackendError
+
+__all__ = ["OpContext", "RunGraph", "attributes", "from_numpy", "onnx_to_torch_dtype", "to_numpy"]
+
+# Runs a subgraph: its formal inputs bound in order, the caller's scope visible.
+RunGraph = Callable[[onnx.GraphProto, Sequence["torch.Tensor | None"]], list["torch.Tensor | None"]]
+
+_DTYPES: dict[int, torch.dtype] = {
+    onnx.TensorProto.FLOAT: torch.float32,
+    onnx.TensorProto.DOUBLE: torch.float64,
+    onnx.TensorProto.FLOAT16: torch.float16,
+    onnx.TensorProto.BFLOAT16: torch.bfloat16,
+    onnx.TensorProto.INT8: torch.int8,
+    onnx.TensorProto.INT16: torch.int16,
+    onnx.TensorProto.INT32: torch.int32,
+    onnx.TensorProto.INT64: torch.int64,
+    onnx.TensorProto.UINT8: torch.uint8,
+    onnx.TensorProto.UINT16: torch.uint16,
+    onnx.TensorProto.UINT32: torch.uint32,
+    onnx.TensorProto.UINT64: torch.uint64,
+    onnx.TensorProto.BOOL: torch.bool,
+}
+
+
+def onnx_to_torch_dtype(elem_type: int) -> torch.dtype:
+    try:
+        return _DTYPES[elem_type]
+    except KeyError:
+        name = onnx.TensorProto.DataType.Name(elem_type)
+        raise BackendError(f"the torch backend does not support tensors of type {name}") from None
+
+
+@dataclass(frozen=True)
+class OpContext:
+    device: torch.device
+    policy: torch.dtype | None  # every floating tensor is computed in this dtype; None: as written
+    opset: int  # the model's opset for the node's domain
+    run_graph: RunGraph
+
+    def floating(self, dtype: torch.dtype) -> torch.dtype:
+        """``dtype`` under the policy: floating types become the policy's, others stay."""
+        return self.policy if self.policy is not None and dtype.is_floating_point else dtype
+
+    def dtype(self, elem_type: int) -> torch.dtype:
+        """The torch dtype for an ONNX element type, under the policy."""
+        return self.floating(onnx_to_torch_dtype(elem_type))
+
+    def tensor(self, value: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A tensor on the device from a number, a list or a numpy array, under the policy."""
+        if isinstance(value, np.ndarray):
+            out = from_numpy(value, self.device)
+        else:
+            out = torch.as_tensor(value, dtype=dtype, device=self.device)
+        if dtype is not None:
+            out = out.to(dtype)
+        return out.to(self.floating(out.dtype))
+
+
+def from_numpy(array: npt.NDArray[Any], device: torch.device) -> torch.Tensor:
+    if array.dtype == np.dtype("O") or array.dtype.kind in "SU":
+        raise BackendError("the torch backend does not support string tensors")
+    # torch cannot wrap a read-only or non-native array; a copy is cheaper than a failure.
+    array = np.ascontiguousarray(array)
+    if not array.flags.writeable:
+        array = array.copy()
+    return torch.from_numpy(array).to(device)
+
+
+def to_numpy(tensor: torch.Tensor) -> npt.NDArray[Any]:
+    """A numpy copy; bfloat16, which numpy lacks, comes back as float32 (exact)."""
+    t = tensor.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.to(torch.float32)
+    return t.cpu().numpy()
+
+
+def attributes(node: onnx.NodeProto) -> dict[str, Any]:
+    """A node's attributes as Python values: strings decoded, tensors as numpy arrays,
+    graphs as ``GraphProto``."""
+    out: dict[str, Any] = {}
+    for attr in node.attribute:
+        value = helper.get_attribute_value(attr)
+        if isinstance(value, bytes):
+            value = value.decode()
+        elif isinstance(value, onnx.TensorProto):
+            value = numpy_helper.to_array(value)
+        elif isinstance(value, list) and value and isinstance(value[0], bytes):
+            value = [v.decode() for v in value]
+        out[attr.name] = value
+    return out

@@ -1,0 +1,243 @@
+"""ONNX's own backend node tests (written by the ONNX project, shipped in the onnx wheel) run
+on ``torch:cpu``, as written and in float64: the evidence behind docs/torch-ops.md.
+
+A case counts when the backend claims every operator version in it; the claim is the
+operator table, so an op is listed only once it has an implementation. Run
+``python -m onnx_bisect.backends.torch.coverage --write docs/torch-ops.md`` to regenerate
+the table, or ``--ops Conv,Resize --failures`` while working on an operator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+
+from onnx_bisect.backends.protocol import one_line
+from onnx_bisect.backends.spec import parse_spec
+from onnx_bisect.backends.torch.ops.registry import UnsupportedOperator, lookup, schema_version
+
+__all__ = ["MODES", "CaseResult", "claimed_versions", "node_cases", "render", "run_cases"]
+
+MODES = {"float32": "torch:cpu", "float64": "torch:cpu?dtype=float64"}
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    case: str
+    mode: str
+    versions: tuple[str, ...]  # "Conv-11": every operator version the case uses
+    dtypes: tuple[str, ...]  # the element types of its inputs
+    passed: bool
+    error: str | None = None
+
+
+@cache
+def node_cases() -> tuple[Any, ...]:
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the case generators overflow casts on purpose
+        return tuple(c for c in collect_testcases(None) if c.kind == "node")
+
+
+def _nodes(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            for g in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                yield from _nodes(g)
+
+
+def claimed_versions(model: onnx.ModelProto) -> tuple[str, ...] | None:
+    """The ``Op-version`` names the case uses, or None when one of them is not claimed."""
+    opsets = {i.domain or "": i.version for i in model.opset_import}
+    out = []
+    for node in _nodes(model.graph):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if domain not in opsets:
+            return None
+        try:
+            lookup(node.op_type, opsets[domain], domain)
+        except UnsupportedOperator:
+            return None
+        out.append(f"{node.op_type}-{schema_version(node.op_type, opsets[domain], domain)}")
+    return tuple(sorted(set(out)))
+
+
+def _dtype_names(model: onnx.ModelProto) -> tuple[str, ...]:
+    names = set()
+    for v in model.graph.input:
+        if v.type.HasField("tensor_type"):
+            names.add(onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type).lower())
+    return tuple(sorted(names))
+
+
+def _check(actual: Any, expected: Any, mode: str, rtol: float, atol: float) -> str | None:
+    if not isinstance(expected, np.ndarray):
+        return f"expected a {type(expected).__name__}, which the backend does not produce"
+    if actual is None:
+        return "no output"
+    actual = np.asarray(actual)
+    if actual.shape != expected.shape:
+        return f"shape {actual.shape} != {expected.shape}"
+    exp_kind = "f" if expected.dtype.kind == "V" or "bfloat16" in str(expected.dtype) else None
+    floating = (exp_kind or expected.dtype.kind) == "f"
+    if mode == "float32" and not floating and actual.dtype != expected.dtype:
+        return f"dtype {actual.dtype} != {expected.dtype}"
+    bf16_as_f32 = "bfloat16" in str(expected.dtype) and actual.dtype == np.float32
+    sized = expected.dtype.itemsize == actual.dtype.itemsize
+    if mode == "float32" and floating and not bf16_as_f32 and not sized:
+        return f"dtype {actual.dtype} != {expected.dtype}"
+    a, e = _comparable(actual), _comparable(expected)
+    try:
+        np.testing.assert_allclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
+    except AssertionError as exc:
+        return one_line(exc)[:200]
+    return None
+
+
+def _comparable(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    if array.dtype.kind in "fV" or "bfloat16" in str(array.dtype):
+        return array.astype(np.float64)
+    return array
+
+
+def run_case(case: Any, mode: str) -> CaseResult:
+    from onnx_bisect.backends.torch.backend import TorchBackend
+
+    versions = claimed_versions(case.model) or ()
+    backend = TorchBackend(parse_spec(MODES[mode]))
+    names = [v.name for v in case.model.graph.input]
+    outputs = [v.name for v in case.model.graph.output]
+    try:
+        for inputs, expected in case.data_sets:
+            feeds = dict(zip(names, inputs, strict=False))
+            got = backend.run(case.model, feeds)
+            for name, exp in zip(outputs, expected, strict=False):
+                error = _check(got.get(name), exp, mode, case.rtol, case.atol)
+                if error:
+                    return CaseResult(case.name, mode, versions, _dtype_names(case.model),
+                                      False, f"{name}: {error}")  # fmt: skip
+    except Exception as exc:
+        return CaseResult(case.name, mode, versions, _dtype_names(case.model), False,
+                          one_line(exc))  # fmt: skip
+    return CaseResult(case.name, mode, versions, _dtype_names(case.model), True)
+
+
+def run_cases(
+    ops: Sequence[str] | None = None, modes: Sequence[str] = tuple(MODES)
+) -> list[CaseResult]:
+    """Every claimed case (of ``ops`` only, when given) in each mode."""
+    results = []
+    for case in node_cases():
+        versions = claimed_versions(case.model)
+        if versions is None:
+            continue
+        if ops and not any(v.rsplit("-", 1)[0] in ops for v in versions):
+            continue
+        for mode in modes:
+            results.append(run_case(case, mode))
+    return results
+
+
+def _op_of(case: str, versions: Sequence[str]) -> str:
+    """The operator a case tests: its single op, or the one its name starts with."""
+    ops = sorted({v.rsplit("-", 1)[0] for v in versions})
+    if len(ops) == 1:
+        return ops[0]
+    snake = case.removeprefix("test_").replace("_", "")
+    for op in sorted(ops, key=len, reverse=True):
+        if snake.startswith(op.lower()):
+            return op
+    return ops[0]
+
+
+def render(results: Sequence[CaseResult], seconds: float) -> str:
+    """docs/torch-ops.md: totals, then one row per operator."""
+    import torch
+
+    rows: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"versions": set(), "dtypes": set(), "passed": defaultdict(int), "total": 0}
+    )
+    for r in results:
+        row = rows[_op_of(r.case, r.versions)]
+        op = _op_of(r.case, r.versions)
+        row["versions"] |= {int(v.rsplit("-", 1)[1]) for v in r.versions if v.startswith(f"{op}-")}
+        row["dtypes"] |= set(r.dtypes)
+        row["passed"][r.mode] += r.passed
+        if r.mode == "float32":
+            row["total"] += 1
+    lines = [
+        "# Operators of the torch backend",
+        "",
+        "Generated by `python -m onnx_bisect.backends.torch.coverage --write docs/torch-ops.md`"
+        " (checked by tests/test_torch_ops.py). Each row counts ONNX's own backend node test",
+        f"cases (onnx {onnx.__version__}) that use the operator and only operators the backend",
+        f"claims, run on `torch:cpu` (torch {torch.__version__}) as written (float32 column)",
+        "and with every floating tensor in float64 (float64 column), against the expected",
+        "outputs at each case's tolerance.",
+        "",
+    ]
+    for mode in MODES:
+        done = [r for r in results if r.mode == mode]
+        passed = sum(r.passed for r in done)
+        share = 100 * passed / max(len(done), 1)
+        lines.append(f"- {mode}: {passed} of {len(done)} cases pass ({share:.1f}%)")
+    lines += [
+        f"- operators: {len(rows)}; the run took {seconds:.0f} s",
+        "",
+        "| operator | versions | input types | cases | float32 | float64 |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for op in sorted(rows):
+        row = rows[op]
+        versions = ", ".join(str(v) for v in sorted(row["versions"]))
+        lines.append(
+            f"| {op} | {versions} | {', '.join(sorted(row['dtypes']))} | {row['total']} | "
+            f"{row['passed']['float32']} | {row['passed']['float64']} |"
+        )
+    failed = [r for r in results if not r.passed]
+    if failed:
+        lines += ["", "## Cases that fail", "", "| case | mode | why |", "|---|---|---|"]
+        for r in failed:
+            why = re.sub(r"\s+", " ", r.error or "").replace("|", "\\|")[:160]
+            lines.append(f"| {r.case} | {r.mode} | {why} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", help="comma-separated operators to run (default: all)")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--failures", action="store_true", help="print each failing case")
+    parser.add_argument("--write", help="write the markdown table to this path")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    results = run_cases(args.ops.split(",") if args.ops else None, args.modes.split(","))
+    seconds = time.perf_counter() - start
+    for mode in args.modes.split(","):
+        done = [r for r in results if r.mode == mode]
+        print(f"{mode}: {sum(r.passed for r in done)} of {len(done)} pass")
+    if args.failures:
+        for r in results:
+            if not r.passed:
+                print(f"FAIL {r.case} [{r.mode}]: {r.error}")
+    if args.write:
+        with open(args.write, "w", encoding="utf-8") as f:
+            f.write(render(results, seconds))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

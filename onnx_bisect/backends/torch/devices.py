@@ -1,0 +1,61 @@
+"""Which torch devices this machine has, and what to say when the one asked for is absent."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from importlib.util import find_spec
+
+from onnx_bisect.errors import BackendUnavailableError
+
+__all__ = ["INSTALL", "check_device", "present_devices", "torch_missing"]
+
+INSTALL = "pip install 'onnx-bisect[torch]'"
+_DUMP_HINT = (
+    "run `onnx-bisect dump MODEL --backend {spec} --out DIR` where that device is, then "
+    "compare here with --target dump:DIR"
+)
+
+
+def torch_missing() -> str | None:
+    """None when torch can be imported, else the install command."""
+    if find_spec("torch") is None:
+        return f"torch is not installed ({INSTALL})"
+    return None
+
+
+def present_devices() -> list[str]:
+    """The torch devices usable here, e.g. ``['cpu', 'cuda:0']``."""
+    import torch
+
+    found = ["cpu"]
+    if torch.cuda.is_available():
+        found += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if torch.backends.mps.is_available():
+        found.append("mps")
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        found += [f"xpu:{i}" for i in range(xpu.device_count())]
+    return found
+
+
+def check_device(device: str, spec_text: str) -> None:
+    """Raise ``BackendUnavailableError`` naming what is missing and what to do instead."""
+    import torch
+
+    kind, _, index = device.partition(":")
+    present = present_devices()
+    if device in present or (kind in ("cuda", "xpu") and not index and f"{kind}:0" in present):
+        return
+    hint = _DUMP_HINT.format(spec=spec_text)
+    if kind == "mps":
+        if sys.platform != "darwin":
+            why = f"MPS needs macOS on Apple silicon and this machine runs {platform.system()}"
+        else:
+            why = f"torch {torch.__version__} reports MPS unavailable (needs macOS 12.3+)"
+    elif kind == "cuda":
+        build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+        why = f"torch {torch.__version__} ({build}) sees no CUDA device {index or ''}".rstrip()
+    else:
+        why = f"torch {torch.__version__} sees no {device} device"
+    raise BackendUnavailableError(f"backend {spec_text!r} is not available here: {why}; {hint}")

@@ -1,0 +1,181 @@
+"""Runs an ONNX graph node by node as torch operations, in topological order.
+
+Eager by design: every tensor the search asks for exists as soon as its node has run, so
+marking intermediates costs nothing and changes nothing (unlike a compiler, which fuses
+across them). Values are dropped after their last consumer unless they were asked for, so
+memory stays at what the live tensors need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy.typing as npt
+import onnx
+import torch
+from onnx import numpy_helper
+
+from onnx_bisect.backends.torch.context import OpContext, attributes
+from onnx_bisect.backends.torch.ops import lookup
+from onnx_bisect.backends.torch.ops.registry import OpFn, UnsupportedOperator
+from onnx_bisect.errors import BackendError
+
+__all__ = ["Program", "referenced_names"]
+
+
+@dataclass(frozen=True)
+class _Step:
+    node: onnx.NodeProto
+    fn: OpFn
+    attrs: dict[str, Any]
+    ctx: OpContext
+
+
+class Program:
+    """One graph, bound to a device and a floating-point policy, ready to run many times.
+
+    ``outer`` is set for a subgraph: names it does not define are read from the caller's scope.
+    """
+
+    def __init__(
+        self,
+        graph: onnx.GraphProto,
+        opsets: Mapping[str, int],
+        device: torch.device,
+        policy: torch.dtype | None,
+    ) -> None:
+        self.graph, self.opsets, self.device, self.policy = graph, dict(opsets), device, policy
+        self._subprograms: dict[int, Program] = {}
+        self._scope: dict[str, torch.Tensor | None] = {}
+        self.inputs = [v.name for v in graph.input]
+        self.outputs = [v.name for v in graph.output]
+        base = OpContext(device, policy, 0, self._run_subgraph)
+        self.constants = {t.name: base.tensor(numpy_helper.to_array(t)) for t in graph.initializer}
+        self.steps = [self._bind(node) for node in _topological(graph)]
+
+    def _bind(self, node: onnx.NodeProto) -> _Step:
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        opset = self.opsets.get(domain)
+        if opset is None:
+            raise UnsupportedOperator(
+                f"node {node.name!r}: the torch backend does not support domain {domain!r}"
+            )
+        try:
+            fn = lookup(node.op_type, opset, domain)
+        except UnsupportedOperator as exc:
+            raise UnsupportedOperator(f"node {node.name!r}: {exc}", node=node.name) from None
+        ctx = OpContext(self.device, self.policy, opset, self._run_subgraph)
+        return _Step(node, fn, attributes(node), ctx)
+
+    def feed(self, arrays: Mapping[str, npt.NDArray[Any]]) -> dict[str, torch.Tensor]:
+        """The graph's inputs as tensors on the device, under the policy. An input that is
+        also an initializer (IR < 4) keeps its stored value when not fed."""
+        base = OpContext(self.device, self.policy, 0, self._run_subgraph)
+        missing = [n for n in self.inputs if n not in arrays and n not in self.constants]
+        if missing:
+            raise BackendError(f"no value fed for graph input(s) {', '.join(missing[:5])}")
+        return {n: base.tensor(arrays[n]) for n in self.inputs if n in arrays}
+
+    def run(
+        self,
+        feeds: Mapping[str, torch.Tensor | None],
+        wanted: Sequence[str] | None = None,
+        outer: Mapping[str, torch.Tensor | None] | None = None,
+    ) -> dict[str, torch.Tensor | None]:
+        """The ``wanted`` tensors (default: the graph's outputs) computed from ``feeds``."""
+        wanted = list(self.outputs if wanted is None else wanted)
+        env: dict[str, torch.Tensor | None] = dict(outer or {})
+        env.update(self.constants)
+        env.update(feeds)
+        keep = set(wanted)
+        last = _last_uses(self.steps, keep)
+        for i, step in enumerate(self.steps):
+            self._scope = env
+            results = _call(step, [env[n] if n else None for n in step.node.input], env)
+            for name, value in zip(step.node.output, results, strict=False):
+                if name:
+                    env[name] = value
+            for name in last.get(i, ()):
+                env.pop(name, None)
+        missing = [n for n in wanted if n not in env]
+        if missing:
+            raise BackendError(f"the graph does not compute {', '.join(missing[:5])}")
+        return {n: env[n] for n in wanted}
+
+    def _run_subgraph(
+        self, graph: onnx.GraphProto, inputs: Sequence[torch.Tensor | None]
+    ) -> list[torch.Tensor | None]:
+        program = self._subprograms.get(id(graph))
+        if program is None:
+            program = Program(graph, self.opsets, self.device, self.policy)
+            self._subprograms[id(graph)] = program
+        scope = self._scope
+        feeds = dict(zip(program.inputs, inputs, strict=False))
+        out = program.run(feeds, outer=scope)
+        self._scope = scope  # the subgraph's run replaced it; the caller's node continues
+        return [out[n] for n in program.outputs]
+
+
+def _call(
+    step: _Step, inputs: list[torch.Tensor | None], env: Mapping[str, Any]
+) -> Sequence[torch.Tensor | None]:
+    node = step.node
+    try:
+        result = step.fn(step.ctx, inputs, step.attrs)
+    except BackendError:
+        raise
+    except Exception as exc:
+        # The node's name is what the search and the user need; torch's message says why.
+        text = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise BackendError(
+            f"node {node.name!r} ({node.op_type}) failed in torch: {text}", node=node.name
+        ) from exc
+    return (result,) if isinstance(result, torch.Tensor) else tuple(result)
+
+
+def _last_uses(steps: Sequence[_Step], keep: set[str]) -> dict[int, list[str]]:
+    """For each step, the values no later step reads (and nobody asked for): free them there."""
+    last: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        for name in referenced_names(step.node):
+            last[name] = i
+        for name in step.node.output:
+            last.setdefault(name, i)  # an output nobody reads is freed where it is made
+    out: dict[int, list[str]] = {}
+    for name, i in last.items():
+        if name and name not in keep:
+            out.setdefault(i, []).append(name)
+    return out
+
+
+def referenced_names(node: onnx.NodeProto) -> set[str]:
+    """Inputs of ``node`` plus the outer-scope names its subgraphs read."""
+    names = {n for n in node.input if n}
+    for attr in node.attribute:
+        for graph in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+            defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+            for inner in graph.node:
+                names |= referenced_names(inner) - defined
+                defined |= set(inner.output)
+    return names
+
+
+def _topological(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """The nodes in an order that runs; ONNX requires it, but not every exporter complies."""
+    ready = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {""}
+    produced = {o for n in graph.node for o in n.output}
+    pending = list(graph.node)
+    while pending:
+        waiting = []
+        for node in pending:
+            # Names from an outer scope are never produced here: only wait for local producers.
+            if all(n in ready or n not in produced for n in referenced_names(node)):
+                ready.update(node.output)
+                yield node
+            else:
+                waiting.append(node)
+        if len(waiting) == len(pending):
+            raise BackendError(f"graph {graph.name!r} has a cycle or reads an undefined value")
+        pending = waiting

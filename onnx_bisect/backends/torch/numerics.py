@@ -1,0 +1,72 @@
+"""torch's global numerics switches (TF32, deterministic kernels), set for one run and restored.
+
+They are process-wide in torch, so a run sets them on entry and puts back what it found:
+a reference and a target in one process must not leak settings into each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+__all__ = ["numerics"]
+
+
+@contextmanager
+def numerics(*, tf32: bool, deterministic: bool | None) -> Iterator[None]:
+    saved = _read()
+    try:
+        _set_tf32(tf32)
+        if deterministic is not None:
+            torch.use_deterministic_algorithms(deterministic, warn_only=True)
+            torch.backends.cudnn.deterministic = deterministic
+            torch.backends.cudnn.benchmark = not deterministic and saved["benchmark"]
+        yield
+    finally:
+        _restore(saved)
+
+
+def _set_tf32(on: bool) -> None:
+    matmul: Any = torch.backends.cuda.matmul
+    cudnn: Any = torch.backends.cudnn
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9: the flags below are deprecated
+        matmul.fp32_precision = "tf32" if on else "ieee"
+        cudnn.conv.fp32_precision = "tf32" if on else "ieee"
+        cudnn.rnn.fp32_precision = "tf32" if on else "ieee"
+    else:
+        matmul.allow_tf32 = on
+        cudnn.allow_tf32 = on
+
+
+def _read() -> dict[str, Any]:
+    cudnn: Any = torch.backends.cudnn  # the fp32_precision attributes are not in the stubs
+    matmul: Any = torch.backends.cuda.matmul
+    saved: dict[str, Any] = {
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "cudnn_deterministic": cudnn.deterministic,
+        "benchmark": cudnn.benchmark,
+    }
+    if hasattr(matmul, "fp32_precision"):
+        saved["precision"] = (
+            matmul.fp32_precision, cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision
+        )  # fmt: skip
+    else:
+        saved["allow"] = (matmul.allow_tf32, cudnn.allow_tf32)
+    return saved
+
+
+def _restore(saved: dict[str, Any]) -> None:
+    cudnn: Any = torch.backends.cudnn  # the fp32_precision attributes are not in the stubs
+    matmul: Any = torch.backends.cuda.matmul
+    torch.use_deterministic_algorithms(saved["deterministic"], warn_only=saved["warn_only"])
+    cudnn.deterministic, cudnn.benchmark = saved["cudnn_deterministic"], saved["benchmark"]
+    if "precision" in saved:
+        matmul.fp32_precision, cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision = saved[
+            "precision"
+        ]
+    else:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved["allow"]

@@ -1,0 +1,22 @@
+"""Operator implementations, one module per family; importing a module registers its ops."""
+
+from __future__ import annotations
+
+from onnx_bisect.backends.torch.ops import (  # noqa: F401  (registration by import)
+    activation,
+    cast,
+    control,
+    elementwise,
+    generate,
+    indexing,
+    linear,
+    normalization,
+    pool,
+    reduce,
+    resize,
+    rnn,
+    shape,
+)
+from onnx_bisect.backends.torch.ops.registry import lookup, register, table
+
+__all__ = ["lookup", "register", "table"]

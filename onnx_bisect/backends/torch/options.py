@@ -1,0 +1,78 @@
+"""The torch spec: ``torch[:DEVICE][?dtype=..&compile=..&tf32=0|1&deterministic=0|1]``.
+
+Parsed without importing torch, so a bad spec is a one-line usage error even where torch is
+not installed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from onnx_bisect.backends.spec import BackendSpec
+from onnx_bisect.errors import SpecError
+
+__all__ = ["COMPILERS", "DTYPES", "KEYS", "TorchOptions"]
+
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+COMPILERS = ("inductor", "aot_eager", "eager")
+KEYS = ("dtype", "compile", "tf32", "deterministic")
+_DEVICE = re.compile(r"^(cpu|mps|xpu(:\d+)?|cuda(:\d+)?)$")
+_FLAGS = {"0": False, "1": True, "false": False, "true": True, "off": False, "on": True}
+
+
+@dataclass(frozen=True)
+class TorchOptions:
+    device: str = "cpu"
+    dtype: str | None = None  # None: every tensor in the model's own type
+    compile: str | None = None
+    tf32: bool = False  # off unless asked: strict float32 is what a reference means
+    deterministic: bool | None = None  # None: leave torch's setting alone
+
+    @classmethod
+    def parse(cls, spec: BackendSpec) -> TorchOptions:
+        spec.check_options(KEYS)
+        device = spec.device or "cpu"
+        if not _DEVICE.match(device):
+            raise SpecError(
+                f"backend {spec.text!r}: unknown torch device {device!r}; "
+                "use cpu, cuda, cuda:N, mps or xpu"
+            )
+        dtype = _choice(spec, "dtype", DTYPES)
+        if dtype == "float64" and device == "mps":
+            raise SpecError(f"backend {spec.text!r}: MPS has no float64; use dtype=float32")
+        return cls(
+            device=device,
+            dtype=dtype,
+            compile=_choice(spec, "compile", COMPILERS),
+            tf32=bool(_flag(spec, "tf32")),
+            deterministic=_flag(spec, "deterministic"),
+        )
+
+    def label(self) -> str:
+        parts = [f"dtype={self.dtype}" if self.dtype else "dtype=as written"]
+        if self.compile:
+            parts.append(f"compile={self.compile}")
+        if self.device.startswith("cuda"):
+            parts.append(f"tf32={int(self.tf32)}")
+        if self.deterministic is not None:
+            parts.append(f"deterministic={int(self.deterministic)}")
+        return " ".join(parts)
+
+
+def _choice(spec: BackendSpec, key: str, allowed: tuple[str, ...]) -> str | None:
+    value = spec.option(key)
+    if value is None:
+        return None
+    if value.lower() not in allowed:
+        raise SpecError(f"backend {spec.text!r}: {key} must be one of {', '.join(allowed)}")
+    return value.lower()
+
+
+def _flag(spec: BackendSpec, key: str) -> bool | None:
+    value = spec.option(key)
+    if value is None:
+        return None
+    if value.lower() not in _FLAGS:
+        raise SpecError(f"backend {spec.text!r}: {key} must be 0 or 1")
+    return _FLAGS[value.lower()]
