@@ -70,9 +70,24 @@ def _openvino_default_bf16() -> bool:
     return "bf16" in str(hint).lower() or "bfloat16" in str(hint).lower()
 
 
+def _torch_cuda() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 REQUIREMENTS: dict[str, Callable[[], bool]] = {
     "openvino": lambda: importlib.util.find_spec("openvino") is not None,
     "openvino-bf16": _openvino_default_bf16,
+    "torch": lambda: importlib.util.find_spec("torch") is not None,
+    "not-macos": lambda: sys.platform != "darwin",
+    "cuda": _torch_cuda,
+    "no-cuda": lambda: importlib.util.find_spec("torch") is not None and not _torch_cuda(),
+    "openvino-and-torch": lambda: all(
+        importlib.util.find_spec(m) is not None for m in ("openvino", "torch")
+    ),
 }
 
 

@@ -70,6 +70,14 @@ class Adapter:
         check = getattr(factory, "unavailable_reason", None)
         return check() if callable(check) else None
 
+    def details(self) -> str | None:
+        """What a usable adapter has here (versions, devices), from its optional ``details``."""
+        try:
+            show = getattr(self.factory(), "details", None)
+            return show() if callable(show) else None
+        except Exception as exc:  # a listing must not fail because one plugin does
+            return f"details unavailable: {one_line(exc)}"
+
 
 _BUILTIN = (
     Adapter("ort", "onnx_bisect.backends.ort:OrtBackend", "ONNX Runtime (any execution provider)"),
@@ -80,9 +88,7 @@ _BUILTIN = (
     ),
     Adapter("exec", "onnx_bisect.backends.exec:ExecBackend", "any program: exec:CMD protocol"),
     Adapter("dump", "onnx_bisect.backends.dump:DumpBackend", "tensors dumped earlier: dump:DIR"),
-    Adapter(
-        "torch", "onnx_bisect.backends.torch:TorchBackend", "torch on cpu, cuda, mps or xpu"
-    ),
+    Adapter("torch", "onnx_bisect.backends.torch:TorchBackend", "torch on cpu, cuda, mps or xpu"),
 )
 
 

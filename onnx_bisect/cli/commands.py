@@ -247,7 +247,10 @@ def backends_command() -> None:
         table.add_column(col)
     for name, adapter in sorted(adapters().items()):
         reason = adapter.availability()
-        table.add_row(name, "yes" if reason is None else f"no: {reason}", adapter.description)
+        details = adapter.details() if reason is None else None
+        available = "yes" if reason is None else f"no: {reason}"
+        description = f"{adapter.description} ({details})" if details else adapter.description
+        table.add_row(name, available, description)
     console = stdout()
     console.print(table)
     aliases = ", ".join(f"{k} = {v[0]}:{v[1]}" for k, v in ALIASES.items())

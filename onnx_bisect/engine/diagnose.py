@@ -145,7 +145,7 @@ def to_result(session: Session, diagnosis: Diagnosis, repro: ReproInfo | None) -
     notes = list(session.notes)
     first = found.first if found else None
     if found is not None:
-        notes += widespread(found.nodes)
+        notes += widespread(found.nodes, setup.target_info.spec)
         if not diagnosis.diverged and first is not None:
             notes.append(
                 f"the final outputs agree, but {first.name!r} and later tensors diverge inside "

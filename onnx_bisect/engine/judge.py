@@ -25,6 +25,7 @@ __all__ = [
     "culprit_cause",
     "dump_verdicts",
     "first_divergence",
+    "fp32_spec",
     "judge",
     "mark_pattern",
     "observer_problem",
@@ -125,7 +126,7 @@ def root_cause(nodes: Sequence[NodeResult], first: NodeResult | None) -> RootCau
     )
 
 
-def widespread(nodes: Sequence[NodeResult]) -> list[str]:
+def widespread(nodes: Sequence[NodeResult], target_spec: str = "") -> list[str]:
     """Many culprits at once is a precision policy (bf16, fp16, TF32), not one bad kernel."""
     culprits = [n for n in nodes if n.verdict is Verdict.CULPRIT]
     ops = sorted({n.op_type for n in culprits})
@@ -134,9 +135,25 @@ def widespread(nodes: Sequence[NodeResult]) -> list[str]:
     return [
         f"{len(culprits)} nodes ({', '.join(ops[:4])}) are each wrong on their own: that is "
         "usually the target computing at lower precision (bf16/fp16/TF32) rather than one bad "
-        "kernel; compare at fp32 (e.g. openvino?precision=f32) to test the kernels, or use "
+        f"kernel; compare at fp32 (e.g. {fp32_spec(target_spec)}) to test the kernels, or use "
         "--threshold auto to see which errors exceed fp32 rounding"
     ]
+
+
+def fp32_spec(target_spec: str) -> str:
+    """The target's spec asking for strict float32, for the precision-policy note."""
+    runtime = target_spec.split("+", 1)[0]
+    if runtime != target_spec and not runtime.startswith(("exec:", "dump:")):
+        return runtime  # a +fp16-style transform made the precision: drop it
+    name, _, query = runtime.partition("?")
+    if name == "mps" or name.startswith("torch"):
+        kept = [kv for kv in query.split("&") if kv and not kv.startswith(("dtype=", "tf32="))]
+        if name.startswith("torch:cuda"):
+            kept.append("tf32=0")
+        return name + ("?" + "&".join(kept) if kept else "")
+    if name.startswith("openvino"):
+        return f"{name}?precision=f32"
+    return "the target's fp32 setting"
 
 
 def dump_verdicts(

@@ -22,10 +22,18 @@ from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.engine.runs import plan_chunks, run_pair, timed_run
 from onnx_bisect.engine.session import Session
 from onnx_bisect.engine.store import TensorStore
-from onnx_bisect.errors import BackendError
+from onnx_bisect.errors import BackendError, BackendUnavailableError
 from onnx_bisect.graph.extract import with_outputs
 
-__all__ = ["Observed", "answered", "measure_float64", "probe_runs", "scan", "screen"]
+__all__ = [
+    "FLOAT64_ORACLES",
+    "Observed",
+    "answered",
+    "measure_float64",
+    "probe_runs",
+    "scan",
+    "screen",
+]
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +143,32 @@ def scan(session: Session, store: TensorStore, *, observe_target: bool = True) -
     return Observed(comparisons, finals)
 
 
+# The float64 oracle, best first: torch computes every op in float64 in a fraction of a second;
+# onnx.reference is slow and computes BatchNormalization at opsets 9-13 in training mode.
+FLOAT64_ORACLES = ("torch:cpu?dtype=float64", "ref?dtype=float64")
+
+
 def measure_float64(session: Session) -> TensorStore:
-    """Every probe computed in float64 by the reference evaluator (``ref?dtype=float64``)."""
+    """Every probe computed in float64 by the first oracle that runs the model here."""
+    why_not: list[str] = []
+    for spec in FLOAT64_ORACLES:
+        try:
+            backend = create_backend(spec)
+            store = _float64_probes(session, backend)
+        except (BackendUnavailableError, BackendError) as exc:
+            why_not.append(f"{spec}: {exc}")
+            log.info("float64 oracle %s not used: %s", spec, exc)
+            continue
+        note = f"--threshold auto: float64 values from {backend.describe()}"
+        if why_not:
+            note += f" ({'; '.join(why_not)})"
+        session.notes.append(note)
+        return store
+    raise BackendError("no float64 oracle could run the model: " + "; ".join(why_not))
+
+
+def _float64_probes(session: Session, backend: Backend) -> TensorStore:
     s, loaded = session, session.loaded
-    backend = create_backend("ref?dtype=float64")
     store = s.store("float64", factor=2)
     doubled = {k: None if v is None else 2 * v for k, v in s.sizes.items()}
 

@@ -15,7 +15,7 @@ import onnx
 
 from onnx_bisect.backends.protocol import BackendBase, Tensors
 from onnx_bisect.backends.spec import BackendSpec
-from onnx_bisect.backends.torch.devices import check_device, torch_missing
+from onnx_bisect.backends.torch.devices import check_device, present_devices, torch_missing
 from onnx_bisect.backends.torch.options import TorchOptions
 from onnx_bisect.errors import BackendUnavailableError
 
@@ -34,6 +34,12 @@ class TorchBackend(BackendBase):
     @staticmethod
     def unavailable_reason() -> str | None:
         return torch_missing()
+
+    @staticmethod
+    def details() -> str:
+        import torch
+
+        return f"torch {torch.__version__}; devices here: {', '.join(present_devices())}"
 
     def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
         import torch

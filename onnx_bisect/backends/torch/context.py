@@ -21,7 +21,15 @@ from onnx import helper, numpy_helper
 
 from onnx_bisect.errors import BackendError
 
-__all__ = ["OpContext", "RunGraph", "attributes", "from_numpy", "onnx_to_torch_dtype", "to_numpy"]
+__all__ = [
+    "SUPPORTED_TYPES",
+    "OpContext",
+    "RunGraph",
+    "attributes",
+    "from_numpy",
+    "onnx_to_torch_dtype",
+    "to_numpy",
+]
 
 # Runs a subgraph: its formal inputs bound in order, the caller's scope visible.
 RunGraph = Callable[[onnx.GraphProto, Sequence["torch.Tensor | None"]], list["torch.Tensor | None"]]
@@ -43,6 +51,9 @@ _DTYPES: dict[int, torch.dtype] = {
 }
 
 
+SUPPORTED_TYPES = frozenset(_DTYPES)
+
+
 def onnx_to_torch_dtype(elem_type: int) -> torch.dtype:
     try:
         return _DTYPES[elem_type]
@@ -57,6 +68,7 @@ class OpContext:
     policy: torch.dtype | None  # every floating tensor is computed in this dtype; None: as written
     opset: int  # the model's opset for the node's domain
     run_graph: RunGraph
+    num_outputs: int = 1  # how many outputs the node declares (Split without sizes needs it)
 
     def floating(self, dtype: torch.dtype) -> torch.dtype:
         """``dtype`` under the policy: floating types become the policy's, others stay."""
@@ -80,8 +92,12 @@ class OpContext:
 def from_numpy(array: npt.NDArray[Any], device: torch.device) -> torch.Tensor:
     if array.dtype == np.dtype("O") or array.dtype.kind in "SU":
         raise BackendError("the torch backend does not support string tensors")
+    if "bfloat16" in str(array.dtype):  # ml_dtypes' bfloat16: torch reads it as raw bits
+        bits = from_numpy(array.view(np.uint16), device)
+        return bits.view(torch.bfloat16)
     # torch cannot wrap a read-only or non-native array; a copy is cheaper than a failure.
-    array = np.ascontiguousarray(array)
+    # (ascontiguousarray makes a 0-d array 1-d: the reshape keeps scalars scalar.)
+    array = np.ascontiguousarray(array).reshape(array.shape)
     if not array.flags.writeable:
         array = array.copy()
     return torch.from_numpy(array).to(device)

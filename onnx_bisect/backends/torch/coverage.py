@@ -22,9 +22,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import onnx
+from onnx import numpy_helper
 
 from onnx_bisect.backends.protocol import one_line
 from onnx_bisect.backends.spec import parse_spec
+from onnx_bisect.backends.torch.context import SUPPORTED_TYPES
 from onnx_bisect.backends.torch.ops.registry import UnsupportedOperator, lookup, schema_version
 
 __all__ = ["MODES", "CaseResult", "claimed_versions", "node_cases", "render", "run_cases"]
@@ -59,8 +61,22 @@ def _nodes(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
                 yield from _nodes(g)
 
 
+def _types_supported(model: onnx.ModelProto) -> bool:
+    """Every graph input and output is a tensor of a type torch has (no float8, int4, string,
+    sequence or optional): cases of other types test types, not the operator."""
+    for v in [*model.graph.input, *model.graph.output]:
+        if not v.type.HasField("tensor_type"):
+            return False
+        if v.type.tensor_type.elem_type not in SUPPORTED_TYPES:
+            return False
+    return True
+
+
 def claimed_versions(model: onnx.ModelProto) -> tuple[str, ...] | None:
-    """The ``Op-version`` names the case uses, or None when one of them is not claimed."""
+    """The ``Op-version`` names the case uses, or None when the backend does not claim the case:
+    an operator version it lacks, or a tensor type torch has no dtype for."""
+    if not _types_supported(model):
+        return None
     opsets = {i.domain or "": i.version for i in model.opset_import}
     out = []
     for node in _nodes(model.graph):
@@ -84,6 +100,8 @@ def _dtype_names(model: onnx.ModelProto) -> tuple[str, ...]:
 
 
 def _check(actual: Any, expected: Any, mode: str, rtol: float, atol: float) -> str | None:
+    if isinstance(expected, np.generic):  # a few cases store a numpy scalar
+        expected = np.asarray(expected)
     if not isinstance(expected, np.ndarray):
         return f"expected a {type(expected).__name__}, which the backend does not produce"
     if actual is None:
@@ -113,6 +131,13 @@ def _comparable(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return array
 
 
+def _array(value: Any) -> Any:
+    """Some cases store TensorProto or numpy scalars where others store arrays."""
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    return np.asarray(value) if isinstance(value, np.generic) else value
+
+
 def run_case(case: Any, mode: str) -> CaseResult:
     from onnx_bisect.backends.torch.backend import TorchBackend
 
@@ -122,7 +147,8 @@ def run_case(case: Any, mode: str) -> CaseResult:
     outputs = [v.name for v in case.model.graph.output]
     try:
         for inputs, expected in case.data_sets:
-            feeds = dict(zip(names, inputs, strict=False))
+            feeds = dict(zip(names, map(_array, inputs), strict=False))
+            expected = [_array(e) for e in expected]
             got = backend.run(case.model, feeds)
             for name, exp in zip(outputs, expected, strict=False):
                 error = _check(got.get(name), exp, mode, case.rtol, case.atol)

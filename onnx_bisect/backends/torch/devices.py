@@ -18,10 +18,20 @@ _DUMP_HINT = (
 
 
 def torch_missing() -> str | None:
-    """None when torch can be imported, else the install command."""
-    if find_spec("torch") is None:
-        return f"torch is not installed ({INSTALL})"
+    """None when torch imports, else what is wrong and the install command."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        why = "is not installed" if find_spec_safe("torch") is None else f"does not import ({exc})"
+        return f"torch {why}; install it with: {INSTALL}"
     return None
+
+
+def find_spec_safe(name: str) -> object | None:
+    try:
+        return find_spec(name)
+    except ValueError:  # a module set to None in sys.modules
+        return None
 
 
 def present_devices() -> list[str]:

@@ -66,7 +66,7 @@ class Program:
             fn = lookup(node.op_type, opset, domain)
         except UnsupportedOperator as exc:
             raise UnsupportedOperator(f"node {node.name!r}: {exc}", node=node.name) from None
-        ctx = OpContext(self.device, self.policy, opset, self._run_subgraph)
+        ctx = OpContext(self.device, self.policy, opset, self._run_subgraph, len(node.output))
         return _Step(node, fn, attributes(node), ctx)
 
     def feed(self, arrays: Mapping[str, npt.NDArray[Any]]) -> dict[str, torch.Tensor]:

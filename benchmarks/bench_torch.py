@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Benchmark: the torch backend's plain run and its float64 oracle, against their yardsticks.
+
+    python benchmarks/bench_torch.py [--models DIR_OR_FILES ...] [--repeat 5]
+
+Models: the shipped examples, plus any ``.onnx`` given (e.g. the real models of the nudenet,
+rapidocr-onnxruntime and silero-vad wheels: ``pip download --no-deps nudenet`` and unzip).
+Dynamic dims are fixed with ``--shape NAME=1x3x320x320`` as for ``bisect``.
+
+Columns (median of ``--repeat`` runs after one warm-up, in this process, each through
+``create_backend(spec).run(model, feeds)``, which includes the per-model setup a search pays on
+every run: binding the graph and converting initializers):
+
+    ort s          ONNX Runtime CPU, plain run: the floor.
+    torch s        ``torch:cpu``, plain run. Target: <= 3 x ort s.
+    f64 torch s    ``torch:cpu?dtype=float64`` with every float tensor marked as an output: the
+                   ``--threshold auto`` oracle's pass. Target: <= 0.5 s on YOLOv8n-320.
+    f64 ref s      the same on ``ref?dtype=float64`` (onnx.reference), the previous oracle.
+
+PASS/MISS per target. Exit status 0 unless a backend failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from onnx_bisect.backends.registry import create_backend  # noqa: E402
+from onnx_bisect.graph.extract import with_outputs  # noqa: E402
+from onnx_bisect.inputs.feeds import make_feeds  # noqa: E402
+
+TARGET_TORCH_RATIO = 3.0
+TARGET_F64_S = 0.5
+
+
+def _median(fn: Callable[[], Any], repeat: int) -> float:
+    fn()  # warm-up: imports, allocator, thread pools
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _float_tensors(model: onnx.ModelProto) -> list[str]:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    floats = {
+        v.name
+        for v in [*inferred.graph.value_info, *inferred.graph.output]
+        if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    }
+    return [o for n in model.graph.node for o in n.output if o in floats]
+
+
+def measure(path: Path, shapes: dict[str, tuple[int, ...]], repeat: int) -> dict[str, Any]:
+    model = onnx.load(str(path))
+    feeds = make_feeds(model, shapes=shapes, seed=0)
+    marked = with_outputs(model, _float_tensors(model))
+    ort, torch_cpu = create_backend("cpu"), create_backend("torch:cpu")
+    f64, ref64 = create_backend("torch:cpu?dtype=float64"), create_backend("ref?dtype=float64")
+    row: dict[str, Any] = {"model": path.name, "nodes": len(model.graph.node)}
+    row["ort s"] = _median(lambda: ort.run(model, feeds), repeat)
+    row["torch s"] = _median(lambda: torch_cpu.run(model, feeds), repeat)
+    row["f64 torch s"] = _median(lambda: f64.run(marked, feeds), repeat)
+    row["f64 ref s"] = _median(lambda: ref64.run(marked, feeds), max(1, repeat // 2))
+    row["torch/ort"] = row["torch s"] / row["ort s"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", nargs="*", type=Path)
+    parser.add_argument("--shape", action="append", default=[], help="NAME=1x3x320x320")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args(argv)
+    shapes = {
+        k: tuple(int(d) for d in v.split("x"))
+        for k, v in (s.split("=", 1) for s in args.shape)
+    }
+    paths = args.models or sorted((REPO / "examples" / "models").glob("*.onnx"))
+    rows = []
+    for path in paths:
+        wanted = {k: v for k, v in shapes.items() if k in _input_names(path)}
+        rows.append(measure(path, wanted, args.repeat))
+    cols = ["model", "nodes", "ort s", "torch s", "torch/ort", "f64 torch s", "f64 ref s"]
+    print(" | ".join(f"{c:>12}" for c in cols) + " | targets")
+    for row in rows:
+        ok_ratio = row["torch/ort"] <= TARGET_TORCH_RATIO
+        ok_f64 = row["f64 torch s"] <= TARGET_F64_S
+        cells = [
+            f"{row[c]:>12.3f}" if isinstance(row[c], float) else f"{row[c]!s:>12}" for c in cols
+        ]
+        verdict = (
+            f"torch<=3x ort {'PASS' if ok_ratio else 'MISS'}, "
+            f"f64<=0.5s {'PASS' if ok_f64 else 'MISS'}"
+        )
+        print(" | ".join(cells) + " | " + verdict)
+    return 0
+
+
+def _input_names(path: Path) -> set[str]:
+    return {i.name for i in onnx.load(str(path), load_external_data=False).graph.input}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
