@@ -85,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
     shapes = {
-        k: tuple(int(d) for d in v.split("x"))
-        for k, v in (s.split("=", 1) for s in args.shape)
+        k: tuple(int(d) for d in v.split("x")) for k, v in (s.split("=", 1) for s in args.shape)
     }
     paths = args.models or sorted((REPO / "examples" / "models").glob("*.onnx"))
     rows = []

@@ -7,7 +7,7 @@ docs/architecture.md for why we interpret instead of converting with onnx2fx.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy.typing as npt
@@ -54,8 +54,15 @@ class TorchBackend(BackendBase):
         opsets = {_domain(i.domain): i.version for i in model.opset_import}
         program = Program(model.graph, opsets, device, policy)
         inputs = program.feed(feeds)
-        with numerics(tf32=o.tf32, deterministic=o.deterministic), torch.inference_mode():
-            out = _compiled(program, o.compile)(inputs) if o.compile else program.run(inputs)
+        with numerics(tf32=o.tf32, deterministic=o.deterministic):
+            if o.compile:
+                from onnx_bisect.backends.torch.compiled import compiled_run
+
+                with torch.no_grad():  # tracing needs autograd's dispatch, not inference mode
+                    out = compiled_run(program, inputs, o.compile)
+            else:
+                with torch.inference_mode():
+                    out = program.run(inputs)
         return {name: to_numpy(value) for name, value in out.items() if value is not None}
 
     def describe(self) -> str:
@@ -71,23 +78,3 @@ class TorchBackend(BackendBase):
 
 def _domain(name: str) -> str:
     return "" if name == "ai.onnx" else name
-
-
-def _compiled(program: Any, backend: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """``program`` traced by TorchDynamo and compiled by ``backend``: the fx graph a compiler
-    sees, with the model's marked outputs as graph outputs (marking changes what it may fuse,
-    which the search's observer check accounts for)."""
-    import torch
-
-    wanted = list(program.outputs)
-
-    def forward(inputs: dict[str, Any]) -> tuple[Any, ...]:
-        out = program.run(inputs)
-        return tuple(out[n] for n in wanted)
-
-    fn = torch.compile(forward, backend=backend, dynamic=False)
-
-    def call(inputs: dict[str, Any]) -> dict[str, Any]:
-        return dict(zip(wanted, fn(inputs), strict=True))
-
-    return call

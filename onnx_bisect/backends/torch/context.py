@@ -9,7 +9,8 @@ touched.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ __all__ = [
     "from_numpy",
     "onnx_to_torch_dtype",
     "to_numpy",
+    "untraced",
 ]
 
 # Runs a subgraph: its formal inputs bound in order, the caller's scope visible.
@@ -87,6 +89,17 @@ class OpContext:
         if dtype is not None:
             out = out.to(dtype)
         return out.to(self.floating(out.dtype))
+
+
+@contextmanager
+def untraced() -> Iterator[None]:
+    """Tables an op computes from shapes alone (Resize's indices and weights) are constants:
+    while ``compile=`` traces the model, they are computed outside the trace, so the op may
+    read them. Outside a trace this does nothing."""
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    with disable_proxy_modes_tracing():
+        yield
 
 
 def from_numpy(array: npt.NDArray[Any], device: torch.device) -> torch.Tensor:

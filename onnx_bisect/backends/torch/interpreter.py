@@ -83,15 +83,22 @@ class Program:
         feeds: Mapping[str, torch.Tensor | None],
         wanted: Sequence[str] | None = None,
         outer: Mapping[str, torch.Tensor | None] | None = None,
+        known: Mapping[str, torch.Tensor | None] | None = None,
     ) -> dict[str, torch.Tensor | None]:
-        """The ``wanted`` tensors (default: the graph's outputs) computed from ``feeds``."""
+        """The ``wanted`` tensors (default: the graph's outputs) computed from ``feeds``.
+
+        ``known`` holds values computed before (a compiled run's folded constants): a node
+        whose outputs are all known is not run."""
         wanted = list(self.outputs if wanted is None else wanted)
         env: dict[str, torch.Tensor | None] = dict(outer or {})
         env.update(self.constants)
         env.update(feeds)
+        env.update(known or {})
         keep = set(wanted)
         last = _last_uses(self.steps, keep)
         for i, step in enumerate(self.steps):
+            if known and all(n in known for n in step.node.output if n):
+                continue
             self._scope = env
             results = _call(step, [env[n] if n else None for n in step.node.input], env)
             for name, value in zip(step.node.output, results, strict=False):
@@ -103,6 +110,10 @@ class Program:
         if missing:
             raise BackendError(f"the graph does not compute {', '.join(missing[:5])}")
         return {n: env[n] for n in wanted}
+
+    def values(self) -> list[str]:
+        """Every value the graph computes, in order."""
+        return [n for step in self.steps for n in step.node.output if n]
 
     def _run_subgraph(
         self, graph: onnx.GraphProto, inputs: Sequence[torch.Tensor | None]

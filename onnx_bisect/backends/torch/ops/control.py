@@ -69,8 +69,6 @@ def loop(ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]) ->
     trip, cond = x[0], x[1] if len(x) > 1 else None
     carried = _present(list(x[2:]), "loop-carried value")
     limit = None if trip is None else int(trip.reshape(-1)[0].item())
-    if limit is None and cond is None:
-        raise BackendError("a Loop with neither trip count nor condition never ends")
     keep = True if cond is None else _flag(cond)
     flag = cond if cond is not None else torch.ones((), dtype=torch.bool, device=ctx.device)
     n = len(carried)
@@ -82,10 +80,10 @@ def loop(ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]) ->
         carried = out[1 : 1 + n]
         for parts, value in zip(scans, out[1 + n :], strict=True):
             parts.append(value)
-        # Without a condition input the body's condition output is ignored (ONNX's for loop).
-        if cond is not None:
-            flag = out[0]
-            keep = _flag(flag)
+        # ONNX says a for loop (no condition input) ignores the body's condition; onnxruntime
+        # and ONNX's reference stop on it anyway, and so do we.
+        flag = out[0]
+        keep = _flag(flag)
         i += 1
     stacked = [_stack(ctx, body, 1 + n + k, parts) for k, parts in enumerate(scans)]
     return [*carried, *stacked]

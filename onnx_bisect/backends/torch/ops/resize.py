@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from onnx_bisect.backends.torch.context import OpContext
+from onnx_bisect.backends.torch.context import OpContext, untraced
 from onnx_bisect.backends.torch.ops.registry import register
 from onnx_bisect.errors import BackendError
 
@@ -125,7 +125,7 @@ def _plan(
             pick = min if opts.policy == "not_larger" else max
             s = pick(factors)
             factors = [s] * n
-            outs = [int(np.float32(s) * np.float32(i) + np.float32(0.5)) for i in ins]
+            outs = [math.floor(float(np.float32(s) * np.float32(i)) + 0.5) for i in ins]
     else:
         assert scales is not None
         factors = [float(np.float32(s)) for s in scales]
@@ -232,8 +232,9 @@ def _repeat_factor(index: torch.Tensor, ax: _Axis) -> int | None:
     if ax.size == 0 or ax.out % ax.size:
         return None
     k = ax.out // ax.size
-    expected = torch.arange(ax.out, dtype=torch.int64) // k
-    return k if torch.equal(index, expected) else None
+    with untraced():
+        expected = torch.arange(ax.out, dtype=torch.int64) // k
+        return k if torch.equal(index, expected) else None
 
 
 def _twice(data: torch.Tensor, repeats: dict[int, int]) -> bool:
@@ -275,7 +276,7 @@ def _blend(data: torch.Tensor, axis: int, index: torch.Tensor, w: torch.Tensor) 
     """Sum over taps of neighbour times weight, one gather per tap (taps are few)."""
     shape = [1] * data.ndim
     shape[axis] = -1
-    index, w = index.to(data.device), w.to(data.device, data.dtype)
+    index, w = index.to(data.device), w.to(data.dtype).to(data.device)  # mps has no float64
     out = data.index_select(axis, index[:, 0]) * w[:, 0].reshape(shape)
     for k in range(1, index.shape[1]):
         out += data.index_select(axis, index[:, k]) * w[:, k].reshape(shape)
@@ -303,22 +304,26 @@ def _resize(
     plan = _plan(tuple(data.shape), axes, scales, sizes, roi, opts)
     outside: list[tuple[int, torch.Tensor]] = []
     sources = []
-    for ax in plan:
-        x = _source(ax, opts.coord)
-        if opts.coord == "tf_crop_and_resize":
-            outside.append((ax.axis, (x < 0) | (x > ax.size - 1)))
-        sources.append(x)
+    with untraced():  # shape-only tables: constants of a compiled graph
+        for ax in plan:
+            x = _source(ax, opts.coord)
+            if opts.coord == "tf_crop_and_resize":
+                outside.append((ax.axis, (x < 0) | (x > ax.size - 1)))
+            sources.append(x)
     if opts.mode == "nearest":
-        pairs = [
-            (ax, _nearest_index(x, ax, opts.nearest)) for ax, x in zip(plan, sources, strict=True)
-        ]
+        with untraced():
+            pairs = [
+                (ax, _nearest_index(x, ax, opts.nearest))
+                for ax, x in zip(plan, sources, strict=True)
+            ]
         out = _gather_nearest(data, pairs)
     else:
         dtype = _compute_dtype(data.dtype, data.device)
         out = data.to(dtype)
         # Innermost axis first, while the data is smallest: its gathers are the slow ones.
         for ax, x in sorted(zip(plan, sources, strict=True), key=lambda p: -p[0].axis):
-            index, w = _weights(x, ax, opts)
+            with untraced():
+                index, w = _weights(x, ax, opts)
             out = _blend(out, ax.axis, index, w)
         if not data.dtype.is_floating_point:
             info = torch.iinfo(data.dtype)
