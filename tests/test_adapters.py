@@ -208,7 +208,7 @@ def test_mps_is_unavailable_here() -> None:
     message = str(err.value)
     assert message.startswith("backend 'mps' is not available here: MPS needs macOS")
     assert "exec:CMD" not in message  # the hint for mps is to dump tensors on the Mac
-    assert "dump tensors on the Mac instead" in message
+    assert "onnx-bisect dump MODEL --backend mps" in message and "dump:DIR" in message
 
 
 # --- ONNX Runtime ---------------------------------------------------------------------------
