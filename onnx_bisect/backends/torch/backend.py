@@ -30,6 +30,7 @@ class TorchBackend(BackendBase):
         if missing:
             raise BackendUnavailableError(f"backend {spec.text!r} is not available: {missing}")
         check_device(self.options.device, spec.text)
+        self._weights: Any = None  # a WeightCache, made on the first run (it imports torch)
 
     @staticmethod
     def unavailable_reason() -> str | None:
@@ -45,14 +46,16 @@ class TorchBackend(BackendBase):
         import torch
 
         from onnx_bisect.backends.torch.context import to_numpy
-        from onnx_bisect.backends.torch.interpreter import Program
+        from onnx_bisect.backends.torch.interpreter import Program, WeightCache
         from onnx_bisect.backends.torch.numerics import numerics
 
         o = self.options
         device = torch.device(o.device)
         policy = getattr(torch, o.dtype) if o.dtype else None
         opsets = {_domain(i.domain): i.version for i in model.opset_import}
-        program = Program(model.graph, opsets, device, policy)
+        if self._weights is None:
+            self._weights = WeightCache()
+        program = Program(model.graph, opsets, device, policy, self._weights)
         inputs = program.feed(feeds)
         with numerics(tf32=o.tf32, deterministic=o.deterministic):
             if o.compile:

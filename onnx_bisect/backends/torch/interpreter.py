@@ -22,7 +22,7 @@ from onnx_bisect.backends.torch.ops import lookup
 from onnx_bisect.backends.torch.ops.registry import OpFn, UnsupportedOperator
 from onnx_bisect.errors import BackendError
 
-__all__ = ["Program", "referenced_names"]
+__all__ = ["Program", "WeightCache", "referenced_names"]
 
 
 @dataclass(frozen=True)
@@ -45,14 +45,16 @@ class Program:
         opsets: Mapping[str, int],
         device: torch.device,
         policy: torch.dtype | None,
+        weights: WeightCache | None = None,
     ) -> None:
         self.graph, self.opsets, self.device, self.policy = graph, dict(opsets), device, policy
+        self._weights = weights if weights is not None else WeightCache()
         self._subprograms: dict[int, Program] = {}
         self._scope: dict[str, torch.Tensor | None] = {}
         self.inputs = [v.name for v in graph.input]
         self.outputs = [v.name for v in graph.output]
         base = OpContext(device, policy, 0, self._run_subgraph)
-        self.constants = {t.name: base.tensor(numpy_helper.to_array(t)) for t in graph.initializer}
+        self.constants = {t.name: self._weights.get(t, base) for t in graph.initializer}
         self.steps = [self._bind(node) for node in _topological(graph)]
 
     def _bind(self, node: onnx.NodeProto) -> _Step:
@@ -120,13 +122,38 @@ class Program:
     ) -> list[torch.Tensor | None]:
         program = self._subprograms.get(id(graph))
         if program is None:
-            program = Program(graph, self.opsets, self.device, self.policy)
+            program = Program(graph, self.opsets, self.device, self.policy, self._weights)
             self._subprograms[id(graph)] = program
         scope = self._scope
         feeds = dict(zip(program.inputs, inputs, strict=False))
         out = program.run(feeds, outer=scope)
         self._scope = scope  # the subgraph's run replaced it; the caller's node continues
         return [out[n] for n in program.outputs]
+
+
+class WeightCache:
+    """Initializers already converted to tensors, reused by the next model that has the same
+    bytes: the search runs many cuts of one model, and converting YOLOv8n's weights costs more
+    than running it. The bytes are compared in full (a fault planted in one weight must not
+    hit the cache); weights above ``limit`` bytes in all are not kept."""
+
+    def __init__(self, limit: int = 256 << 20) -> None:
+        self._kept: dict[tuple[Any, ...], tuple[bytes, torch.Tensor]] = {}
+        self._bytes, self._limit = 0, limit
+
+    def get(self, proto: onnx.TensorProto, ctx: OpContext) -> torch.Tensor:
+        raw = proto.raw_data if proto.HasField("raw_data") else None
+        if raw is None or proto.data_location == onnx.TensorProto.EXTERNAL:
+            return ctx.tensor(numpy_helper.to_array(proto))
+        key = (proto.name, proto.data_type, tuple(proto.dims), ctx.device, ctx.policy)
+        hit = self._kept.get(key)
+        if hit is not None and hit[0] == raw:
+            return hit[1]
+        tensor = ctx.tensor(numpy_helper.to_array(proto))
+        if self._bytes + len(raw) <= self._limit:
+            self._kept[key] = (raw, tensor)
+            self._bytes += len(raw)
+        return tensor
 
 
 def _call(
