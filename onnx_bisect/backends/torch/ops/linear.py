@@ -34,6 +34,22 @@ def ints(attrs: dict[str, Any], name: str, default: int, n: int) -> list[int]:
     return [int(v) for v in value] if value else [default] * n
 
 
+def _split_pad(total: int, auto_pad: str, begin: list[int], end: list[int]) -> None:
+    first = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+    begin.append(first)
+    end.append(total - first)
+
+
+def _given_pads(attrs: dict[str, Any], auto_pad: str, n: int) -> tuple[list[int], list[int]]:
+    """VALID, or the ``pads`` attribute as written (NOTSET)."""
+    if auto_pad == "VALID":
+        return [0] * n, [0] * n
+    if auto_pad != "NOTSET":
+        raise BackendError(f"auto_pad={auto_pad!r} is not supported")
+    pads = ints(attrs, "pads", 0, 2 * n)
+    return pads[:n], pads[n:]
+
+
 def explicit_pads(
     attrs: dict[str, Any],
     sizes: Sequence[int],
@@ -45,21 +61,15 @@ def explicit_pads(
     n = len(sizes)
     auto_pad = attrs.get("auto_pad", "NOTSET") or "NOTSET"
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        begin, end = [], []
+        begin: list[int] = []
+        end: list[int] = []
         for size, k, s, d in zip(sizes, kernel, strides, dilations, strict=True):
             out = -(-size // s)
             total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
             # SAME_UPPER puts the odd pad at the end, SAME_LOWER at the beginning.
-            first = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
-            begin.append(first)
-            end.append(total - first)
+            _split_pad(total, auto_pad, begin, end)
         return begin, end
-    if auto_pad == "VALID":
-        return [0] * n, [0] * n
-    if auto_pad != "NOTSET":
-        raise BackendError(f"auto_pad={auto_pad!r} is not supported")
-    pads = ints(attrs, "pads", 0, 2 * n)
-    return pads[:n], pads[n:]
+    return _given_pads(attrs, auto_pad, n)
 
 
 def torch_pad(begin: Sequence[int], end: Sequence[int]) -> list[int]:
@@ -134,20 +144,14 @@ def _transpose_pads(
             if output_shape
             else [size * s for size, s in zip(sizes, strides, strict=True)]
         )
-        begin, end = [], []
+        begin: list[int] = []
+        end: list[int] = []
         for f, p, t in zip(full, out_pad, target, strict=True):
             total = f + p - t
             # ONNX: only SAME_UPPER puts the smaller half first (floor division, as the spec).
-            first = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
-            begin.append(first)
-            end.append(total - first)
+            _split_pad(total, auto_pad, begin, end)
         return begin, end
-    if auto_pad == "VALID":
-        return [0] * n, [0] * n
-    if auto_pad != "NOTSET":
-        raise BackendError(f"auto_pad={auto_pad!r} is not supported")
-    pads = ints(attrs, "pads", 0, 2 * n)
-    return pads[:n], pads[n:]
+    return _given_pads(attrs, auto_pad, n)
 
 
 @register("ConvTranspose", since=1)

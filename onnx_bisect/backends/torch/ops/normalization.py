@@ -15,6 +15,7 @@ import torch
 
 from onnx_bisect.backends.torch.context import OpContext
 from onnx_bisect.backends.torch.ops.registry import OpFn, register
+from onnx_bisect.backends.torch.ops.shape import need
 from onnx_bisect.errors import BackendError
 
 __all__: list[str] = []
@@ -140,8 +141,7 @@ register("GroupNormalization", since=21)(_group_norm(per_channel_scale=True))
 
 @register("LRN", since=1)
 def lrn(ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]) -> torch.Tensor:
-    data = x[0]
-    assert data is not None
+    data = need(x, 0)
     size = int(attrs["size"])
     alpha = float(attrs.get("alpha", 1e-4))
     beta = float(attrs.get("beta", 0.75))
@@ -162,8 +162,7 @@ def lrn(ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]) -> 
 def lp_normalization(
     ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]
 ) -> torch.Tensor:
-    data = x[0]
-    assert data is not None
+    data = need(x, 0)
     p = int(attrs.get("p", 2))
     axis = int(attrs.get("axis", -1))
     w = _work(data)
@@ -182,8 +181,7 @@ def lp_normalization(
 def mean_variance_normalization(
     ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]
 ) -> torch.Tensor:
-    data = x[0]
-    assert data is not None
+    data = need(x, 0)
     axes = [int(a) for a in attrs.get("axes", [0, 2, 3])]
     w = _work(data)
     mean = w.mean(dim=axes, keepdim=True)
@@ -213,8 +211,7 @@ register("Dropout", since=10, until=11)(_dropout_legacy(bool_mask=True))
 def dropout(
     ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]
 ) -> Sequence[torch.Tensor]:
-    data = x[0]
-    assert data is not None
+    data = need(x, 0)
     ratio_t = x[1] if len(x) > 1 else None
     training_t = x[2] if len(x) > 2 else None
     training = training_t is not None and bool(training_t.reshape(-1)[0].item())

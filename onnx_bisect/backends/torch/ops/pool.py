@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from onnx_bisect.backends.torch.context import OpContext
 from onnx_bisect.backends.torch.ops.linear import explicit_pads, ints, torch_pad
 from onnx_bisect.backends.torch.ops.registry import register
+from onnx_bisect.backends.torch.ops.shape import need
 from onnx_bisect.errors import BackendError
 
 __all__: list[str] = []
@@ -112,8 +113,7 @@ def _flat_indices(
 def max_pool(
     ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    data = x[0]
-    assert data is not None
+    data = need(x, 0)
     w = _window(data, attrs, "MaxPool")
     dtype = data.dtype
     if not dtype.is_floating_point and data.device.type != "cpu":
@@ -132,8 +132,7 @@ def max_pool(
 def average_pool(
     ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]
 ) -> torch.Tensor:
-    data = x[0]
-    assert data is not None
+    data = need(x, 0)
     w = _window(data, attrs, "AveragePool")
     mean = _window_mean(_pad(data, w, 0.0), w)
     include_pad = bool(attrs.get("count_include_pad", 0))
@@ -151,8 +150,7 @@ def _lp_p(attrs: dict[str, Any]) -> float:
 
 @register("LpPool", since=1)
 def lp_pool(ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]) -> torch.Tensor:
-    data = x[0]
-    assert data is not None
+    data = need(x, 0)
     p = _lp_p(attrs)
     w = _window(data, attrs, "LpPool")
     powered = _pad(data.abs().pow(p), w, 0.0)
@@ -167,8 +165,7 @@ def _spatial(x: torch.Tensor) -> list[int]:
 def global_average_pool(
     ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]
 ) -> torch.Tensor:
-    data = x[0]
-    assert data is not None
+    data = need(x, 0)
     return data.mean(dim=_spatial(data), keepdim=True)
 
 
@@ -176,8 +173,7 @@ def global_average_pool(
 def global_max_pool(
     ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]
 ) -> torch.Tensor:
-    data = x[0]
-    assert data is not None
+    data = need(x, 0)
     return data.amax(dim=_spatial(data), keepdim=True)
 
 
@@ -185,7 +181,6 @@ def global_max_pool(
 def global_lp_pool(
     ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]
 ) -> torch.Tensor:
-    data = x[0]
-    assert data is not None
+    data = need(x, 0)
     p = _lp_p(attrs)
     return data.abs().pow(p).sum(dim=_spatial(data), keepdim=True).pow(1.0 / p)

@@ -20,6 +20,7 @@ import torch
 
 from onnx_bisect.backends.torch.context import OpContext, untraced
 from onnx_bisect.backends.torch.ops.registry import register
+from onnx_bisect.backends.torch.ops.shape import need
 from onnx_bisect.errors import BackendError
 
 __all__: list[str] = []
@@ -357,8 +358,7 @@ def _axes(attrs: dict[str, Any], rank: int) -> list[int]:
 
 @register("Resize", since=11, until=19)
 def resize(ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]) -> torch.Tensor:
-    data = x[0]
-    assert data is not None
+    data = need(x, 0)
     roi, scales, sizes = (_values(x[i]) if len(x) > i else None for i in (1, 2, 3))
     opts = _options(attrs, legacy=False)
     return _resize(data, _axes(attrs, data.ndim), scales, sizes, roi, opts)
