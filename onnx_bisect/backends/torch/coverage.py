@@ -199,8 +199,8 @@ def render(results: Sequence[CaseResult], seconds: float) -> str:
         lambda: {"versions": set(), "dtypes": set(), "passed": defaultdict(int), "total": 0}
     )
     for r in results:
-        row = rows[_op_of(r.case, r.versions)]
         op = _op_of(r.case, r.versions)
+        row = rows[op]
         row["versions"] |= {int(v.rsplit("-", 1)[1]) for v in r.versions if v.startswith(f"{op}-")}
         row["dtypes"] |= set(r.dtypes)
         row["passed"][r.mode] += r.passed

@@ -102,7 +102,7 @@ class Program:
             if known and all(n in known for n in step.node.output if n):
                 continue
             self._scope = env
-            results = _call(step, [env[n] if n else None for n in step.node.input], env)
+            results = _call(step, [env[n] if n else None for n in step.node.input])
             for name, value in zip(step.node.output, results, strict=False):
                 if name:
                     env[name] = value
@@ -156,9 +156,7 @@ class WeightCache:
         return tensor
 
 
-def _call(
-    step: _Step, inputs: list[torch.Tensor | None], env: Mapping[str, Any]
-) -> Sequence[torch.Tensor | None]:
+def _call(step: _Step, inputs: list[torch.Tensor | None]) -> Sequence[torch.Tensor | None]:
     node = step.node
     try:
         result = step.fn(step.ctx, inputs, step.attrs)
