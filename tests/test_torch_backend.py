@@ -296,6 +296,34 @@ def test_tf32_on_diverges_from_tf32_off() -> None:
     assert result.first_divergence is not None and result.first_divergence.op_type == "MatMul"
 
 
+def test_runs_in_two_threads_each_see_their_own_numerics_flags() -> None:
+    """The engine runs the reference and the target at once; torch's flags are process-wide."""
+    import threading
+    import time
+
+    from onnx_bisect.backends.torch.numerics import numerics
+
+    matmul = torch.backends.cuda.matmul
+    if not hasattr(matmul, "fp32_precision"):
+        pytest.skip("torch < 2.9 has no fp32_precision flags")
+    seen: list[str] = []
+    inside = threading.Event()
+
+    def first() -> None:
+        with numerics(tf32=True, deterministic=None):
+            inside.set()
+            time.sleep(0.3)  # the other thread tries to set its own flags meanwhile
+            seen.append(matmul.fp32_precision)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    inside.wait()
+    with numerics(tf32=False, deterministic=None):
+        seen.append(matmul.fp32_precision)
+    thread.join()
+    assert seen == ["tf32", "ieee"]
+
+
 def test_unavailable_error_type() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

@@ -11,6 +11,8 @@ Reshape, an If on a computed condition) cannot be one graph: that node fails wit
 
 from __future__ import annotations
 
+import warnings
+
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -44,7 +46,10 @@ def compiled_run(
     try:
         with _constants_readable():
             graph = make_fx(forward, tracing_mode="real")(*inputs.values())
-        results = torch.compile(graph, backend=backend, dynamic=False)(*inputs.values())
+        with warnings.catch_warnings():
+            # inductor advises turning TF32 on; the spec's tf32= decides that, not a warning.
+            warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores")
+            results = torch.compile(graph, backend=backend, dynamic=False)(*inputs.values())
     except BackendError as exc:
         raise BackendError(
             f"compile={backend} cannot make one graph of the model: {exc}", node=exc.node

@@ -1,32 +1,39 @@
 """torch's global numerics switches (TF32, deterministic kernels), set for one run and restored.
 
 They are process-wide in torch, so a run sets them on entry and puts back what it found:
-a reference and a target in one process must not leak settings into each other.
+a reference and a target in one process must not leak settings into each other. The engine
+runs the reference and the target in two threads at once, so the whole run holds one lock:
+without it, ``torch:cuda?tf32=0`` against ``?tf32=1`` computed both sides with whichever
+flags the other thread had set last, and matched (seen on an H100).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from threading import RLock
 from typing import Any
 
 import torch
 
 __all__ = ["numerics"]
 
+_GLOBAL_FLAGS = RLock()  # reentrant: a subgraph run inside a run must not deadlock
+
 
 @contextmanager
 def numerics(*, tf32: bool, deterministic: bool | None) -> Iterator[None]:
-    saved = _read()
-    try:
-        _set_tf32(tf32)
-        if deterministic is not None:
-            torch.use_deterministic_algorithms(deterministic, warn_only=True)
-            torch.backends.cudnn.deterministic = deterministic
-            torch.backends.cudnn.benchmark = not deterministic and saved["benchmark"]
-        yield
-    finally:
-        _restore(saved)
+    with _GLOBAL_FLAGS:
+        saved = _read()
+        try:
+            _set_tf32(tf32)
+            if deterministic is not None:
+                torch.use_deterministic_algorithms(deterministic, warn_only=True)
+                torch.backends.cudnn.deterministic = deterministic
+                torch.backends.cudnn.benchmark = not deterministic and saved["benchmark"]
+            yield
+        finally:
+            _restore(saved)
 
 
 def _set_tf32(on: bool) -> None:
