@@ -12,7 +12,6 @@ Reshape, an If on a computed condition) cannot be one graph: that node fails wit
 from __future__ import annotations
 
 import warnings
-
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any

@@ -121,7 +121,9 @@ def to_numpy(tensor: torch.Tensor) -> npt.NDArray[Any]:
     t = tensor.detach()
     if t.dtype == torch.bfloat16:
         t = t.to(torch.float32)
-    return t.cpu().numpy()
+    # Conv computes channels-last on CPU (ops/linear.py); callers get C-ordered arrays.
+    array = t.cpu().numpy()
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)  # keeps 0-d
 
 
 def attributes(node: onnx.NodeProto) -> dict[str, Any]:

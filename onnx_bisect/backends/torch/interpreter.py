@@ -31,6 +31,7 @@ class _Step:
     fn: OpFn
     attrs: dict[str, Any]
     ctx: OpContext
+    reads: frozenset[str]  # referenced_names(node), computed once
 
 
 class Program:
@@ -55,9 +56,11 @@ class Program:
         self.outputs = [v.name for v in graph.output]
         base = OpContext(device, policy, 0, self._run_subgraph)
         self.constants = {t.name: self._weights.get(t, base) for t in graph.initializer}
-        self.steps = [self._bind(node) for node in _topological(graph)]
+        reads = [frozenset(referenced_names(node)) for node in graph.node]
+        self.steps = [self._bind(graph.node[i], reads[i]) for i in _topological(graph, reads)]
+        self._plans: dict[frozenset[str], dict[int, list[str]]] = {}  # last uses per `wanted`
 
-    def _bind(self, node: onnx.NodeProto) -> _Step:
+    def _bind(self, node: onnx.NodeProto, reads: frozenset[str]) -> _Step:
         domain = "" if node.domain == "ai.onnx" else node.domain
         opset = self.opsets.get(domain)
         if opset is None:
@@ -69,7 +72,7 @@ class Program:
         except UnsupportedOperator as exc:
             raise UnsupportedOperator(f"node {node.name!r}: {exc}", node=node.name) from None
         ctx = OpContext(self.device, self.policy, opset, self._run_subgraph, len(node.output))
-        return _Step(node, fn, attributes(node), ctx)
+        return _Step(node, fn, attributes(node), ctx, reads)
 
     def feed(self, arrays: Mapping[str, npt.NDArray[Any]]) -> dict[str, torch.Tensor]:
         """The graph's inputs as tensors on the device, under the policy. An input that is
@@ -96,8 +99,10 @@ class Program:
         env.update(self.constants)
         env.update(feeds)
         env.update(known or {})
-        keep = set(wanted)
-        last = _last_uses(self.steps, keep)
+        keep = frozenset(wanted)
+        last = self._plans.get(keep)
+        if last is None:
+            last = self._plans[keep] = _last_uses(self.steps, keep)
         for i, step in enumerate(self.steps):
             if known and all(n in known for n in step.node.output if n):
                 continue
@@ -144,16 +149,24 @@ class WeightCache:
     def get(self, proto: onnx.TensorProto, ctx: OpContext) -> torch.Tensor:
         raw = proto.raw_data if proto.HasField("raw_data") else None
         if raw is None or proto.data_location == onnx.TensorProto.EXTERNAL:
-            return ctx.tensor(numpy_helper.to_array(proto))
+            return _cpu_layout(ctx.tensor(numpy_helper.to_array(proto)))
         key = (proto.name, proto.data_type, tuple(proto.dims), ctx.device, ctx.policy)
         hit = self._kept.get(key)
         if hit is not None and hit[0] == raw:
             return hit[1]
-        tensor = ctx.tensor(numpy_helper.to_array(proto))
+        tensor = _cpu_layout(ctx.tensor(numpy_helper.to_array(proto)))
         if self._bytes + len(raw) <= self._limit:
             self._kept[key] = (raw, tensor)
             self._bytes += len(raw)
         return tensor
+
+
+def _cpu_layout(tensor: torch.Tensor) -> torch.Tensor:
+    """4-D float32 weights on CPU kept channels-last once, as the Conv kernel wants them
+    (ops/linear.py), instead of converted on every run."""
+    if tensor.dim() == 4 and tensor.device.type == "cpu" and tensor.dtype == torch.float32:
+        return tensor.contiguous(memory_format=torch.channels_last)
+    return tensor
 
 
 def _call(step: _Step, inputs: list[torch.Tensor | None]) -> Sequence[torch.Tensor | None]:
@@ -171,11 +184,11 @@ def _call(step: _Step, inputs: list[torch.Tensor | None]) -> Sequence[torch.Tens
     return (result,) if isinstance(result, torch.Tensor) else tuple(result)
 
 
-def _last_uses(steps: Sequence[_Step], keep: set[str]) -> dict[int, list[str]]:
+def _last_uses(steps: Sequence[_Step], keep: frozenset[str]) -> dict[int, list[str]]:
     """For each step, the values no later step reads (and nobody asked for): free them there."""
     last: dict[str, int] = {}
     for i, step in enumerate(steps):
-        for name in referenced_names(step.node):
+        for name in step.reads:
             last[name] = i
         for name in step.node.output:
             last.setdefault(name, i)  # an output nobody reads is freed where it is made
@@ -198,20 +211,21 @@ def referenced_names(node: onnx.NodeProto) -> set[str]:
     return names
 
 
-def _topological(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    """The nodes in an order that runs; ONNX requires it, but not every exporter complies."""
+def _topological(graph: onnx.GraphProto, reads: Sequence[frozenset[str]]) -> Iterator[int]:
+    """Node indices in an order that runs (``reads[i]``: what node i reads); ONNX requires the
+    stored order to be one, but not every exporter complies."""
     ready = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {""}
     produced = {o for n in graph.node for o in n.output}
-    pending = list(graph.node)
+    pending = list(range(len(graph.node)))
     while pending:
         waiting = []
-        for node in pending:
+        for i in pending:
             # Names from an outer scope are never produced here: only wait for local producers.
-            if all(n in ready or n not in produced for n in referenced_names(node)):
-                ready.update(node.output)
-                yield node
+            if all(n in ready or n not in produced for n in reads[i]):
+                ready.update(graph.node[i].output)
+                yield i
             else:
-                waiting.append(node)
+                waiting.append(i)
         if len(waiting) == len(pending):
             raise BackendError(f"graph {graph.name!r} has a cycle or reads an undefined value")
         pending = waiting

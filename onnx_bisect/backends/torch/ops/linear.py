@@ -99,6 +99,11 @@ def _conv(
     if begin != end:
         data, padding = F.pad(data, torch_pad(begin, end)), 0
     group = int(attrs.get("group", 1))
+    if n == 2 and data.device.type == "cpu" and data.dtype == torch.float32:
+        # oneDNN's NHWC kernels are about 3x faster than its NCHW ones on CPU (3x3 convs of
+        # YOLOv8n); the layout then flows through the elementwise ops to the next Conv.
+        data = data.contiguous(memory_format=torch.channels_last)
+        weight = weight.contiguous(memory_format=torch.channels_last)
     return _CONV[n](data, weight, bias, strides, padding, dilations, group)
 
 

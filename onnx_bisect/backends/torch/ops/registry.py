@@ -9,6 +9,7 @@ someone checks it against ONNX's node tests (``docs/torch-ops.md``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -65,6 +66,7 @@ def register(
     return wrap
 
 
+@functools.cache  # onnx's schema lookup is the costliest part of binding a node
 def schema_version(op_type: str, opset: int, domain: str = "") -> int:
     """The ``since_version`` of the schema a model at ``opset`` uses for ``op_type``."""
     try:
