@@ -31,7 +31,7 @@ class BisectOptions:
     shapes: Mapping[str, Sequence[int]] | None = None
     seed: int = 0
     metric: str = "rel_l2"
-    threshold: float | str = 1e-3
+    threshold: float | str = "auto"
     noise_k: float = NOISE_K
     noise_eps: float = NOISE_EPS
     atol: float | None = None
@@ -49,8 +49,16 @@ class BisectOptions:
 
     @property
     def auto_threshold(self) -> bool:
-        """``threshold="auto"``: per-tensor noise floors measured against float64."""
-        return isinstance(self.threshold, str) and self.threshold.strip().lower() == "auto"
+        """``threshold="auto"`` (the default): per-tensor noise floors measured against
+        float64. They exist for rel_l2 only, so another metric or --atol/--rtol keeps the
+        fixed 1e-3 that "auto" stands for there."""
+        return (
+            isinstance(self.threshold, str)
+            and self.threshold.strip().lower() == "auto"
+            and self.metric == "rel_l2"
+            and self.atol is None
+            and self.rtol is None
+        )
 
     def criterion(self) -> Criterion:
         """The fixed part of the criterion (a noise floor is added once it is measured);
@@ -60,10 +68,9 @@ class BisectOptions:
                 f"unknown strategy {self.strategy!r}; choose from {', '.join(STRATEGIES)}"
             )
         try:
-            fixed = 1e-3 if self.auto_threshold else float(self.threshold)
+            auto = isinstance(self.threshold, str) and self.threshold.strip().lower() == "auto"
+            fixed = 1e-3 if auto else float(self.threshold)
             crit = Criterion(metric=self.metric, threshold=fixed, atol=self.atol, rtol=self.rtol)
-            if self.auto_threshold and (self.metric != "rel_l2" or crit.allclose):
-                raise ValueError("--threshold auto needs --metric rel_l2 (and no --atol/--rtol)")
         except ValueError as exc:
             raise InputError(str(exc)) from None
         return crit

@@ -76,19 +76,31 @@ class Outcome(StrEnum):
 
 
 class CauseKind(StrEnum):
-    """``culprit``: one node is wrong by itself; ``pattern``: only a window of connected nodes
-    reproduces it; ``crash``: the target dies when the node is present; ``none``: none of
-    these could be shown."""
+    """``culprit``: one node is wrong by itself; ``reference``: the node's reference value is
+    the one off (the target agrees with float64); ``parameter``: the target holds a different
+    value of a constant or weight (a transform or a precision policy rounded it) and no node
+    computes wrongly; ``pattern``: only a window of connected nodes reproduces it; ``crash``:
+    the target dies when the node is present; ``none``: none of these could be shown."""
 
     CULPRIT = "culprit"
+    REFERENCE = "reference"
+    PARAMETER = "parameter"
     PATTERN = "pattern"
     CRASH = "crash"
     NONE = "none"
 
 
 class Verdict(StrEnum):
+    """``reference-off``: fed the same inputs, the target agrees with float64 and the reference
+    does not; ``parameter``: a constant (a Constant node, or arithmetic on initializers alone)
+    whose value differs, never a culprit; ``not-comparable``: a constant whose two values
+    cannot be compared (shape () against (0,), folded away by the runtime)."""
+
     OK = "ok"
     CULPRIT = "culprit"
+    REFERENCE_OFF = "reference-off"
+    PARAMETER = "parameter"
+    NOT_COMPARABLE = "not-comparable"
     PROPAGATED = "propagated"
     PATTERN = "pattern"
     UNSUPPORTED = "unsupported"
@@ -146,6 +158,8 @@ class NodeResult:
 
     @property
     def diverged(self) -> bool:
+        if self.verdict is Verdict.NOT_COMPARABLE:
+            return False
         return bool(self.accumulated and self.accumulated.diverged)
 
     @property

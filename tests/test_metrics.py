@@ -224,9 +224,10 @@ def test_integer_tensors_compare_exactly() -> None:
     ref = np.arange(1000, 2000, dtype=np.int64)
     tgt = ref.copy()
     tgt[500] += 1
-    # rel_l2 would call this equal (≈ 2e-5 < 1e-3); integers must match exactly.
+    # As floats, rel_l2 would call this equal (≈ 2e-5 < 1e-3); integers must match exactly,
+    # and every metric is the share of differing elements (int64 sentinels as floats are 9e18).
     c = compare_tensors("idx", ref, tgt, Criterion())
-    assert c.metrics["rel_l2"] < 1e-4
+    assert c.metrics["rel_l2"] == c.metrics["max_abs"] == 0.001
     assert c.status is Status.DIVERGED
     assert c.reason == "1 of 1000 elements differ (exact comparison)"
     assert c.metrics["mismatch"] == 0.001

@@ -18,7 +18,7 @@ EARLY_CONV = "/stem/conv/Conv"
 
 
 def test_a_subtle_early_conv_fault_is_caught_only_with_auto() -> None:
-    fixed = onnx_bisect.bisect(YOLO, target=FaultyBackend(EARLY_CONV, 0.002))
+    fixed = onnx_bisect.bisect(YOLO, target=FaultyBackend(EARLY_CONV, 0.002), threshold=1e-3)
     assert fixed.verdict == "match"  # 0.2% at the first Conv stays under rel_l2 1e-3 at the end
     auto = onnx_bisect.bisect(YOLO, target=FaultyBackend(EARLY_CONV, 0.002), threshold="auto")
     assert auto.verdict == "diverged"
@@ -48,9 +48,10 @@ def test_no_false_alarm_inside_the_graph(model: Path, target: str) -> None:
     assert ratios and max(ratios) < 0.5  # a wide margin, not a near miss
 
 
-def test_auto_needs_rel_l2() -> None:
-    with pytest.raises(onnx_bisect.InputError, match="rel_l2"):
-        onnx_bisect.bisect(YOLO, target="ref", threshold="auto", metric="max_abs")
+def test_auto_with_another_metric_is_the_fixed_default() -> None:
+    # Noise floors exist for rel_l2 only; "auto" (the default) means 1e-3 for other metrics.
+    result = onnx_bisect.bisect(YOLO, target="ref", threshold="auto", metric="max_abs")
+    assert not result.criterion.auto and result.criterion.threshold == 1e-3
 
 
 def test_cli_threshold_auto_writes_both_numbers(tmp_path: Path) -> None:

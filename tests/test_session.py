@@ -52,7 +52,7 @@ def test_unknown_option_is_an_input_error() -> None:
 def test_cli_defaults_are_the_api_defaults() -> None:
     assert BisectOptions() == DEFAULTS
     assert parse_bytes(MAX_MEMORY_TEXT) == BisectOptions().max_memory
-    assert float(THRESHOLD_TEXT) == BisectOptions().threshold
+    assert THRESHOLD_TEXT == BisectOptions().threshold == "auto"
 
 
 def test_one_setup_serves_several_inputs() -> None:

@@ -111,7 +111,7 @@ def test_no_false_alarm(model: Path) -> None:
     result = onnx_bisect.bisect(model, ref="cpu", target="tract")
     assert result.verdict == "match", [c.reason for c in result.outputs]
     assert result.first_divergence is None and result.root_cause is None
-    assert result.runs == {"ref": 1, "target": 1}
+    assert {k: v for k, v in result.runs.items() if k != "float64"} == {"ref": 1, "target": 1}
     assert all(c.score < 1e-5 for c in result.outputs)  # measured: about 2e-7
 
 

@@ -2,7 +2,8 @@
 
 ``ref?dtype=float64`` runs an upcast copy of the model (``precision.upcast_model``) on float64
 feeds and returns float64 outputs: a reference that rounds far less than the runtimes it judges.
-``dtype=float32``, the default, runs the model as written.
+``dtype=float32``, the default, runs the model as written. Operators that ``onnx.reference``
+computes wrongly run our corrections (``reference_ops``) instead.
 """
 
 from __future__ import annotations
@@ -38,18 +39,26 @@ class ReferenceBackend(BackendBase):
     def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
         from onnx.reference import ReferenceEvaluator
 
+        from onnx_bisect.backends.reference_ops import NEW_OPS
+
         if self.dtype == "float64":
             from onnx_bisect.transforms.upcast import upcast_feeds, upcast_model
 
             model, feeds = upcast_model(model), upcast_feeds(feeds)
-        evaluator = ReferenceEvaluator(model)
+        evaluator = ReferenceEvaluator(model, new_ops=NEW_OPS)
         names = [o.name for o in model.graph.output]
         wanted = set(evaluator.input_names)
         values = evaluator.run(names, {k: v for k, v in feeds.items() if k in wanted})
         return dict(zip(names, values, strict=True))
 
     def describe(self) -> str:
-        return f"onnx.reference.ReferenceEvaluator (onnx {onnx.__version__}, {self.dtype})"
+        from onnx_bisect.backends.reference_ops import CORRECTIONS
+
+        fixed = "; ".join(CORRECTIONS)
+        return (
+            f"onnx.reference.ReferenceEvaluator (onnx {onnx.__version__}, {self.dtype}; "
+            f"corrected: {fixed})"
+        )
 
     def versions(self) -> dict[str, str]:
         return {"onnx": onnx.__version__}

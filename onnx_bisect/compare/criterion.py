@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 import numpy as np
@@ -43,12 +43,34 @@ class Criterion:
     noise: Callable[[str, Array], float | None] | None = field(default=None, compare=False)
     k: float = NOISE_K
     eps: float = NOISE_EPS
+    # ``truth(tensor)``: the float64 value and the fp32 noise of the oracle's own fp32 run, or
+    # None; decides which side is off when the reference itself is wrong.
+    truth: Callable[[str], tuple[Array, float] | None] | None = field(default=None, compare=False)
+    # Without float64 values: below this max_abs × max(1, peak |reference|), no divergence
+    # (outputs driven to ~1e-5 by random inputs otherwise flag last-ulp noise as rel error).
+    abs_floor: float = 0.0
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
             raise ValueError(f"unknown metric {self.metric!r}; choose from {', '.join(METRICS)}")
         if self.noise is not None and (self.metric != "rel_l2" or self.allclose):
             raise ValueError("a noise-floor threshold (--threshold auto) needs --metric rel_l2")
+
+    def renamed(self, pairs: Mapping[str, str]) -> Criterion:
+        """The criterion for another model's tensors: ``pairs`` maps each to the reference
+        tensor holding its value; the noise and float64 truth of any other name are unknown
+        (a same-named reference tensor may mean something else)."""
+        noise, truth = self.noise, self.truth
+        if noise is None:
+            return self
+
+        def renamed_noise(tensor: str, ref: Array) -> float | None:
+            return noise(pairs[tensor], ref) if tensor in pairs else None
+
+        def renamed_truth(tensor: str) -> tuple[Array, float] | None:
+            return truth(pairs[tensor]) if truth is not None and tensor in pairs else None
+
+        return replace(self, noise=renamed_noise, truth=renamed_truth)
 
     @property
     def auto(self) -> bool:
@@ -78,7 +100,8 @@ class Criterion:
         if self.auto:
             return f"{self.metric} > {self.k:g} × fp32 noise + {self.eps:g}"
         op = ">" if METRICS[self.metric].higher_is_worse else "<"
-        return f"{self.metric} {op} {self.threshold:g}"
+        floor = f" and max_abs > {self.abs_floor:g} × max(1, |reference|)" if self.abs_floor else ""
+        return f"{self.metric} {op} {self.threshold:g}{floor}"
 
     @property
     def atol_value(self) -> float:
@@ -133,6 +156,7 @@ class Comparison:
     reason: str = ""
     threshold: float | None = None  # what the deciding number was held against
     noise: float | None = None  # the fp32 noise floor behind an automatic threshold
+    reference_off: bool = False  # the target agrees with float64 and the reference does not
 
     @property
     def diverged(self) -> bool:

@@ -8,6 +8,7 @@ deep tensor whose fp32 rounding has grown to 1e-4 does not flag that rounding.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -27,11 +28,23 @@ class Float64Values(Protocol):
 
 
 class NoiseFloor:
-    """``noise(tensor, fp32_reference_value)`` → rel_l2 against the float64 value, cached."""
+    """``noise(tensor, fp32_reference_value)`` → rel_l2 against the float64 value, cached.
 
-    def __init__(self, float64: Float64Values) -> None:
+    ``oracle_noise``: per tensor, how far the oracle's own fp32 run is from its float64 run.
+    With it, ``truth(tensor)`` gives the float64 value and that noise, to tell which side is
+    off when the reference itself is wrong (its own floor would excuse its error)."""
+
+    def __init__(
+        self, float64: Float64Values, oracle_noise: Mapping[str, float] | None = None
+    ) -> None:
         self.float64 = float64
+        self.oracle_noise = dict(oracle_noise or {})
         self._cache: dict[str, float | None] = {}
+
+    def truth(self, tensor: str) -> tuple[npt.NDArray[Any], float] | None:
+        if tensor not in self.oracle_noise or tensor not in self.float64:
+            return None
+        return self.float64.get(tensor), self.oracle_noise[tensor]
 
     def __call__(self, tensor: str, ref: npt.NDArray[Any]) -> float | None:
         if tensor not in self._cache:

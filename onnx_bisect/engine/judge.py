@@ -6,10 +6,10 @@ surgery comes from ``model``, running from ``run``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
-from onnx_bisect.compare.criterion import Comparison, Criterion
+from onnx_bisect.compare.criterion import Comparison, Criterion, Status
 from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.engine.isolate import IsolationFailure
 from onnx_bisect.engine.observe import Observed
@@ -41,9 +41,13 @@ def judge(
     crit: Criterion,
 ) -> list[NodeResult]:
     """Per-node verdicts from the accumulated and isolated comparisons."""
+    constants = set(loaded.constants)
     results: list[NodeResult] = []
     for n in loaded.nodes:
         acc = _worst([accumulated[t] for t in n.outputs if t in accumulated], crit)
+        if n.outputs and all(t in constants for t in n.outputs if t):
+            results.append(_constant(n, acc))
+            continue
         iso_entry = isolated.get(n.name)
         iso: Comparison | None = None
         note = ""
@@ -56,18 +60,34 @@ def judge(
         else:
             iso = _worst(list(iso_entry.values()), crit) if iso_entry else None
             if iso is not None and iso.diverged:
-                verdict = Verdict.CULPRIT
+                verdict = Verdict.REFERENCE_OFF if iso.reference_off else Verdict.CULPRIT
             elif acc is not None and acc.diverged:
                 verdict = Verdict.PROPAGATED
             elif acc is None and iso is None:
                 verdict = Verdict.NOT_PROBED
             else:
                 verdict = Verdict.OK
-        amplification = _amplification(n, acc, accumulated)
+        # Where an error starts, output ÷ input error only measures the inputs' rounding.
+        starts = verdict in (Verdict.CULPRIT, Verdict.REFERENCE_OFF)
+        amplification = None if starts else _amplification(n, acc, accumulated)
         results.append(
             NodeResult.of(n, verdict, acc, isolated=iso, amplification=amplification, note=note)
         )
     return results
+
+
+def _constant(node: NodeInfo, acc: Comparison | None) -> NodeResult:
+    """A Constant, or arithmetic on initializers alone: it computes nothing from the inputs,
+    so it is never a culprit. A different value is a changed parameter; a different shape or
+    dtype (() against (0,), a runtime that folded the node away) cannot be compared."""
+    if acc is None or not acc.diverged:
+        verdict = Verdict.NOT_PROBED if acc is None else Verdict.OK
+        return NodeResult.of(node, verdict, acc)
+    if acc.status in (Status.SHAPE, Status.DTYPE, Status.MISSING):
+        note = f"not comparable: {acc.reason or acc.status.value} (a constant)"
+        return NodeResult.of(node, Verdict.NOT_COMPARABLE, acc, note=note)
+    note = f"the target holds a different value of this constant ({acc.reason})"
+    return NodeResult.of(node, Verdict.PARAMETER, acc, note=note)
 
 
 def _worst(comparisons: Sequence[Comparison], crit: Criterion) -> Comparison | None:
@@ -90,13 +110,25 @@ def _amplification(
     return out / worst_in
 
 
+# Verdicts that are not where a computation parts ways: a changed constant is reported as a
+# parameter, and an incomparable one is not a divergence at all.
+_NOT_COMPUTED = (Verdict.PARAMETER, Verdict.NOT_COMPARABLE)
+
+
 def first_divergence(nodes: Sequence[NodeResult]) -> NodeResult | None:
-    return next((n for n in nodes if n.diverged), None)
+    return next((n for n in nodes if n.diverged and n.verdict not in _NOT_COMPUTED), None)
 
 
 def culprit_cause(node: NodeResult) -> RootCause:
     iso = node.isolated
     why = (iso.reason or iso.status.value) if iso is not None else "isolated"
+    if node.verdict is Verdict.REFERENCE_OFF:
+        return RootCause(
+            CauseKind.REFERENCE,
+            (node.name,),
+            f"{node.op_type} {node.name!r}: fed the same inputs, the target agrees with float64 "
+            f"and the reference does not ({why}); the reference backend is the side to fix",
+        )
     return RootCause(
         CauseKind.CULPRIT,
         (node.name,),
@@ -104,11 +136,34 @@ def culprit_cause(node: NodeResult) -> RootCause:
     )
 
 
-def root_cause(nodes: Sequence[NodeResult], first: NodeResult | None) -> RootCause | None:
-    """The earliest culprit; when no node is wrong on its own, say so plainly."""
-    culprit = next((n for n in nodes if n.verdict is Verdict.CULPRIT), None)
+def root_cause(
+    nodes: Sequence[NodeResult],
+    first: NodeResult | None,
+    own_constants: Collection[str] = (),
+) -> RootCause | None:
+    """The earliest culprit (or node where the reference is off); else a changed parameter;
+    when nothing is wrong on its own, say so plainly.
+
+    ``own_constants``: the constant tensors isolation fed from the target's own model (two
+    models): a culprit computed from a changed one is a changed parameter, not a kernel."""
+    starts = (Verdict.CULPRIT, Verdict.REFERENCE_OFF)
+    culprit = next((n for n in nodes if n.verdict in starts), None)
+    changed = [n for n in nodes if n.verdict is Verdict.PARAMETER]
     if culprit is not None and culprit.isolated is not None:
-        return culprit_cause(culprit)
+        read = _changed_ancestors(nodes, culprit, set(own_constants))
+        if not read or culprit.verdict is Verdict.REFERENCE_OFF:
+            cause = culprit_cause(culprit)
+            if changed:  # e.g. an optimizer that moved a changed Constant into an initializer
+                names = ", ".join(n.name for n in changed[:3])
+                cause = replace(
+                    cause,
+                    reason=f"{cause.reason}; the target also holds changed constants ({names}): "
+                    "if the node computes from them, the parameter and not the kernel differs",
+                )
+            return cause
+        return _parameter_cause(read, f"; {culprit.op_type} {culprit.name!r} computes from it")
+    if changed and first is not None:
+        return _parameter_cause(changed, "")
     if first is None:
         return RootCause(
             CauseKind.NONE,
@@ -123,6 +178,36 @@ def root_cause(nodes: Sequence[NodeResult], first: NodeResult | None) -> RootCau
         (),
         "no single node diverges when fed the reference's inputs: the error comes from a "
         "pattern of nodes or from accumulated rounding" + extra,
+    )
+
+
+def _changed_ancestors(
+    nodes: Sequence[NodeResult], node: NodeResult, constants: set[str]
+) -> list[NodeResult]:
+    """The changed constants that ``node`` reads through constant arithmetic alone."""
+    producer = {o: n for n in nodes for o in n.outputs}
+    found: dict[str, NodeResult] = {}
+    todo, seen = [t for t in node.inputs if t in constants], set()
+    while todo:
+        tensor = todo.pop()
+        source = producer.get(tensor)
+        if tensor in seen or source is None:
+            continue
+        seen.add(tensor)
+        if source.verdict is Verdict.PARAMETER:
+            found[source.name] = source
+        todo += [t for t in source.inputs if t in constants]
+    return list(found.values())
+
+
+def _parameter_cause(changed: Sequence[NodeResult], reader: str) -> RootCause:
+    names = ", ".join(n.name for n in changed[:3]) + (" ..." if len(changed) > 3 else "")
+    why = changed[0].accumulated.reason if changed[0].accumulated else ""
+    return RootCause(
+        CauseKind.PARAMETER,
+        tuple(n.name for n in changed),
+        f"{len(changed)} constant(s) hold different values on the target ({names}: {why}"
+        f"{reader}): a transform or the target's precision changed the parameter, not a kernel",
     )
 
 
@@ -165,6 +250,9 @@ def dump_verdicts(
     diverged = {t for t, c in accumulated.items() if c.diverged}
     derived = []
     for n in nodes:
+        if n.verdict in _NOT_COMPUTED:
+            derived.append(n)
+            continue
         if n.diverged and not any(t in diverged for t in n.inputs):
             n = replace(
                 n,

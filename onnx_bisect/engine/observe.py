@@ -12,12 +12,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
 import numpy.typing as npt
 import onnx
 
 from onnx_bisect.backends.protocol import Backend, Tensors
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.compare.criterion import Comparison
+from onnx_bisect.compare.metrics import rel_l2
 from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.engine.runs import plan_chunks, run_pair, timed_run
 from onnx_bisect.engine.session import Session
@@ -27,6 +29,7 @@ from onnx_bisect.graph.extract import with_outputs
 
 __all__ = [
     "FLOAT64_ORACLES",
+    "Float64Run",
     "Observed",
     "answered",
     "measure_float64",
@@ -143,18 +146,29 @@ def scan(session: Session, store: TensorStore, *, observe_target: bool = True) -
     return Observed(comparisons, finals)
 
 
-# The float64 oracle, best first: torch computes every op in float64 in a fraction of a second;
-# onnx.reference is slow and computes BatchNormalization at opsets 9-13 in training mode.
-FLOAT64_ORACLES = ("torch:cpu?dtype=float64", "ref?dtype=float64")
+# The float64 oracle, best first, each with its own fp32 twin (whose distance from float64 is
+# the noise bound that tells a wrong reference from a noisy one): torch computes every op in
+# float64 in a fraction of a second; onnx.reference is slower (BatchNormalization corrected
+# in backends/reference.py).
+FLOAT64_ORACLES = (("torch:cpu?dtype=float64", "torch:cpu"), ("ref?dtype=float64", "ref"))
 
 
-def measure_float64(session: Session) -> TensorStore:
+@dataclass(frozen=True)
+class Float64Run:
+    """The oracle's float64 value of every probe, and its fp32 twin's rel_l2 from them."""
+
+    values: TensorStore
+    oracle_noise: Mapping[str, float]
+    oracle: str
+
+
+def measure_float64(session: Session) -> Float64Run:
     """Every probe computed in float64 by the first oracle that runs the model here."""
     why_not: list[str] = []
-    for spec in FLOAT64_ORACLES:
+    for spec, twin in FLOAT64_ORACLES:
         try:
-            backend = create_backend(spec)
-            store = _float64_probes(session, backend)
+            backend, fp32 = create_backend(spec), create_backend(twin)
+            run = _float64_probes(session, backend, fp32)
         except (BackendUnavailableError, BackendError) as exc:
             why_not.append(f"{spec}: {exc}")
             log.info("float64 oracle %s not used: %s", spec, exc)
@@ -163,20 +177,28 @@ def measure_float64(session: Session) -> TensorStore:
         if why_not:
             note += f" ({'; '.join(why_not)})"
         session.notes.append(note)
-        return store
+        return run
     raise BackendError("no float64 oracle could run the model: " + "; ".join(why_not))
 
 
-def _float64_probes(session: Session, backend: Backend) -> TensorStore:
+def _float64_probes(session: Session, backend: Backend, fp32: Backend) -> Float64Run:
     s, loaded = session, session.loaded
     store = s.store("float64", factor=2)
+    noise: dict[str, float] = {}
     doubled = {k: None if v is None else 2 * v for k, v in s.sizes.items()}
 
-    def run(marked: onnx.ModelProto) -> Tensors:
-        return timed_run(backend, marked, s.feeds, "float64", s.stats)
+    def run(marked: onnx.ModelProto) -> tuple[Tensors, Tensors]:
+        return (
+            timed_run(backend, marked, s.feeds, "float64", s.stats),
+            timed_run(fp32, marked, s.feeds, "float64", s.stats),
+        )
 
-    for chunk, out in probe_runs(loaded.model, loaded.probes, doubled, s.budget, run):
+    for chunk, (out, out32) in probe_runs(loaded.model, loaded.probes, doubled, s.budget, run):
         for name in chunk:
             store.put(name, out[name])
+            exact, single = out[name], out32.get(name)
+            if single is not None and single.shape == exact.shape and exact.dtype.kind == "f":
+                keep = np.isfinite(exact) & np.isfinite(single)
+                noise[name] = rel_l2(exact[keep], single[keep].astype(np.float64))
     log.info("float64 reference: %d tensors", len(loaded.probes))
-    return store
+    return Float64Run(store, noise, backend.describe())

@@ -106,6 +106,7 @@ def two_model_strategy(session: Session, screened: Observed) -> Found:
         scan(s, store, observe_target=False)
         matching = match_tensors(s.loaded, other)
         pairs = matching.pairs
+        s.crit = s.crit.renamed(pairs)  # noise floors belong to the reference's tensors
         shapes = {k: v.shape for k, v in s.feeds.items()}
         other_sizes = tensor_nbytes(fix_input_shapes(other.model, shapes))
 
@@ -130,7 +131,7 @@ def two_model_strategy(session: Session, screened: Observed) -> Found:
         isolated = isolate(s, view, loaded=other)
     nodes = judge(other, comparisons, isolated, s.crit)
     first = first_divergence(nodes)
-    cause = root_cause(nodes, first)
+    cause = root_cause(nodes, first, own_constants=other.constants)
     s.notes.append(matching.summary())
     s.notes.extend(f"excluded {t}: {why}" for t, why in list(matching.excluded.items())[:5])
     chain = chain_from(other, nodes, cause, first)
@@ -179,7 +180,7 @@ def _by_cut_search(
             "divergence is not monotone along the topological order (it vanished one cut past "
             f"the transition); a linear pass around it chose {cut.node.name!r}"
         )
-    if first.verdict is Verdict.CULPRIT and first.isolated is not None:
+    if first.verdict in (Verdict.CULPRIT, Verdict.REFERENCE_OFF) and first.isolated is not None:
         return Found("bisect", tuple(judged), first, culprit_cause(first), search, store=store)
     fallback = RootCause(
         CauseKind.NONE, (), "no single node or small window reproduces the divergence"

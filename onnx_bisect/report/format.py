@@ -7,7 +7,15 @@ import math
 from onnx_bisect.report.curve import error_curve
 from onnx_bisect.result import BisectResult, NodeResult
 
-__all__ = ["chain_line", "curve_lines", "fmt", "fmt_amp", "node_label", "search_line"]
+__all__ = [
+    "chain_line",
+    "curve_lines",
+    "first_divergence_phrase",
+    "fmt",
+    "fmt_amp",
+    "node_label",
+    "search_line",
+]
 
 
 def fmt(x: float | None) -> str:
@@ -24,6 +32,14 @@ def fmt(x: float | None) -> str:
 
 def fmt_amp(x: float | None) -> str:
     return "—" if x is None else f"×{fmt(x)}"
+
+
+def first_divergence_phrase(n: NodeResult) -> str:
+    """What a first divergence without its own diverged tensor is: the cut search's transition
+    node, where the final outputs start to differ (never printed as "ok")."""
+    if n.verdict.value in ("ok", "not-probed"):
+        return "the final outputs diverge from here on, though its own tensor does not"
+    return n.verdict.value
 
 
 def node_label(n: NodeResult) -> str:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from onnx_bisect.report.format import (
     chain_line,
     curve_lines,
+    first_divergence_phrase,
     fmt,
     fmt_amp,
     node_label,
@@ -111,7 +112,7 @@ def _summary(result: BisectResult) -> list[str]:
             + (f" ({acc.reason})" if acc.status.value != "diverged" else "")
         )
     elif fd is not None:
-        out.append(f"- **First divergence:** {node_label(fd)}: {fd.verdict.value}.")
+        out.append(f"- **First divergence:** {node_label(fd)}: {first_divergence_phrase(fd)}.")
     else:
         out.append("- **First divergence:** none among the probed tensors.")
     rc = result.root_cause

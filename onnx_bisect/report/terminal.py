@@ -7,7 +7,14 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from onnx_bisect.report.format import chain_line, curve_lines, fmt, fmt_amp, search_line
+from onnx_bisect.report.format import (
+    chain_line,
+    curve_lines,
+    first_divergence_phrase,
+    fmt,
+    fmt_amp,
+    search_line,
+)
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult
@@ -59,14 +66,17 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
     elif fd is not None:
         console.print(
             f"[bold]First divergence[/]: {fd.op_type} [cyan]{fd.name}[/] (#{fd.index}): "
-            f"{fd.verdict.value}"
+            f"{first_divergence_phrase(fd)}"
         )
     else:
         console.print("[bold]First divergence[/]: none among the probed tensors")
     rc = result.root_cause
     if rc is not None:
         names = ", ".join(rc.nodes) or "—"
-        console.print(f"[bold]Root cause[/] ([red]{rc.kind}[/]): [cyan]{names}[/] — {rc.reason}")
+        below = "" if result.diverged else ", below the output threshold"
+        console.print(
+            f"[bold]Root cause[/] ([red]{rc.kind}[/]{below}): [cyan]{names}[/] — {rc.reason}"
+        )
     if any(n.accumulated is not None for n in result.nodes):
         table = Table(title=f"Top {top} nodes by accumulated error", show_lines=False)
         key = result.criterion.key
