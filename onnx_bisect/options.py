@@ -53,12 +53,15 @@ class BisectOptions:
         float64. They exist for rel_l2 only, so another metric or --atol/--rtol keeps the
         fixed 1e-3 that "auto" stands for there."""
         return (
-            isinstance(self.threshold, str)
-            and self.threshold.strip().lower() == "auto"
+            self._auto_requested
             and self.metric == "rel_l2"
             and self.atol is None
             and self.rtol is None
         )
+
+    @property
+    def _auto_requested(self) -> bool:
+        return isinstance(self.threshold, str) and self.threshold.strip().lower() == "auto"
 
     def criterion(self) -> Criterion:
         """The fixed part of the criterion (a noise floor is added once it is measured);
@@ -68,8 +71,7 @@ class BisectOptions:
                 f"unknown strategy {self.strategy!r}; choose from {', '.join(STRATEGIES)}"
             )
         try:
-            auto = isinstance(self.threshold, str) and self.threshold.strip().lower() == "auto"
-            fixed = 1e-3 if auto else float(self.threshold)
+            fixed = 1e-3 if self._auto_requested else float(self.threshold)
             crit = Criterion(metric=self.metric, threshold=fixed, atol=self.atol, rtol=self.rtol)
         except ValueError as exc:
             raise InputError(str(exc)) from None

@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from onnx_bisect.compare.metrics import rel_l2
 
-__all__ = ["Float64Values", "NoiseFloor"]
+__all__ = ["Float64Values", "NoiseFloor", "fp32_noise"]
 
 
 class Float64Values(Protocol):
@@ -54,8 +54,13 @@ class NoiseFloor:
     def _measure(self, tensor: str, ref: npt.NDArray[Any]) -> float | None:
         if tensor not in self.float64:
             return None
-        exact = self.float64.get(tensor)
-        if exact.shape != ref.shape or not np.issubdtype(exact.dtype, np.floating):
-            return None
-        finite = np.isfinite(exact) & np.isfinite(np.asarray(ref, dtype=np.float64))
-        return rel_l2(exact[finite], np.asarray(ref)[finite])
+        return fp32_noise(self.float64.get(tensor), ref)
+
+
+def fp32_noise(exact: npt.NDArray[Any], value: npt.NDArray[Any]) -> float | None:
+    """rel_l2 of ``value`` against its float64 computation ``exact`` over the elements finite
+    in both; None where the two are not the same float tensor."""
+    if exact.shape != value.shape or not np.issubdtype(exact.dtype, np.floating):
+        return None
+    finite = np.isfinite(exact) & np.isfinite(np.asarray(value, dtype=np.float64))
+    return rel_l2(exact[finite], np.asarray(value)[finite])

@@ -12,14 +12,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import numpy as np
 import numpy.typing as npt
 import onnx
 
 from onnx_bisect.backends.protocol import Backend, Tensors
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.compare.criterion import Comparison
-from onnx_bisect.compare.metrics import rel_l2
+from onnx_bisect.compare.noise import fp32_noise
 from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.engine.runs import plan_chunks, run_pair, timed_run
 from onnx_bisect.engine.session import Session
@@ -159,7 +158,6 @@ class Float64Run:
 
     values: TensorStore
     oracle_noise: Mapping[str, float]
-    oracle: str
 
 
 def measure_float64(session: Session) -> Float64Run:
@@ -196,9 +194,9 @@ def _float64_probes(session: Session, backend: Backend, fp32: Backend) -> Float6
     for chunk, (out, out32) in probe_runs(loaded.model, loaded.probes, doubled, s.budget, run):
         for name in chunk:
             store.put(name, out[name])
-            exact, single = out[name], out32.get(name)
-            if single is not None and single.shape == exact.shape and exact.dtype.kind == "f":
-                keep = np.isfinite(exact) & np.isfinite(single)
-                noise[name] = rel_l2(exact[keep], single[keep].astype(np.float64))
+            single = out32.get(name)
+            measured = None if single is None else fp32_noise(out[name], single)
+            if measured is not None:
+                noise[name] = measured
     log.info("float64 reference: %d tensors", len(loaded.probes))
-    return Float64Run(store, noise, backend.describe())
+    return Float64Run(store, noise)
