@@ -26,6 +26,7 @@ __all__ = [
     "SUPPORTED_TYPES",
     "OpContext",
     "RunGraph",
+    "cpu_channels_last",
     "attributes",
     "from_numpy",
     "onnx_to_torch_dtype",
@@ -114,6 +115,15 @@ def from_numpy(array: npt.NDArray[Any], device: torch.device) -> torch.Tensor:
     if not array.flags.writeable:
         array = array.copy()
     return torch.from_numpy(array).to(device)
+
+
+def cpu_channels_last(tensor: torch.Tensor) -> torch.Tensor:
+    """A 4-D float32 CPU tensor in channels-last layout (others as they are): oneDNN's NHWC
+    convolutions are about 3x faster than its NCHW ones (3x3 convs of YOLOv8n). Conv asks for
+    it, the weight cache stores weights so once, and the layout flows on to the next Conv."""
+    if tensor.dim() == 4 and tensor.device.type == "cpu" and tensor.dtype == torch.float32:
+        return tensor.contiguous(memory_format=torch.channels_last)
+    return tensor
 
 
 def to_numpy(tensor: torch.Tensor) -> npt.NDArray[Any]:

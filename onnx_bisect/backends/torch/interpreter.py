@@ -17,7 +17,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from onnx_bisect.backends.torch.context import OpContext, attributes
+from onnx_bisect.backends.torch.context import OpContext, attributes, cpu_channels_last
 from onnx_bisect.backends.torch.ops import lookup
 from onnx_bisect.backends.torch.ops.registry import OpFn, UnsupportedOperator
 from onnx_bisect.errors import BackendError
@@ -149,24 +149,16 @@ class WeightCache:
     def get(self, proto: onnx.TensorProto, ctx: OpContext) -> torch.Tensor:
         raw = proto.raw_data if proto.HasField("raw_data") else None
         if raw is None or proto.data_location == onnx.TensorProto.EXTERNAL:
-            return _cpu_layout(ctx.tensor(numpy_helper.to_array(proto)))
+            return cpu_channels_last(ctx.tensor(numpy_helper.to_array(proto)))
         key = (proto.name, proto.data_type, tuple(proto.dims), ctx.device, ctx.policy)
         hit = self._kept.get(key)
         if hit is not None and hit[0] == raw:
             return hit[1]
-        tensor = _cpu_layout(ctx.tensor(numpy_helper.to_array(proto)))
+        tensor = cpu_channels_last(ctx.tensor(numpy_helper.to_array(proto)))
         if self._bytes + len(raw) <= self._limit:
             self._kept[key] = (raw, tensor)
             self._bytes += len(raw)
         return tensor
-
-
-def _cpu_layout(tensor: torch.Tensor) -> torch.Tensor:
-    """4-D float32 weights on CPU kept channels-last once, as the Conv kernel wants them
-    (ops/linear.py), instead of converted on every run."""
-    if tensor.dim() == 4 and tensor.device.type == "cpu" and tensor.dtype == torch.float32:
-        return tensor.contiguous(memory_format=torch.channels_last)
-    return tensor
 
 
 def _call(step: _Step, inputs: list[torch.Tensor | None]) -> Sequence[torch.Tensor | None]:

@@ -14,8 +14,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from onnx_bisect.backends.torch.context import OpContext
+from onnx_bisect.backends.torch.context import OpContext, cpu_channels_last
 from onnx_bisect.backends.torch.ops.registry import register
+from onnx_bisect.backends.torch.ops.shape import need, opt
 from onnx_bisect.errors import BackendError
 
 __all__: list[str] = []
@@ -99,19 +100,14 @@ def _conv(
     if begin != end:
         data, padding = F.pad(data, torch_pad(begin, end)), 0
     group = int(attrs.get("group", 1))
-    if n == 2 and data.device.type == "cpu" and data.dtype == torch.float32:
-        # oneDNN's NHWC kernels are about 3x faster than its NCHW ones on CPU (3x3 convs of
-        # YOLOv8n); the layout then flows through the elementwise ops to the next Conv.
-        data = data.contiguous(memory_format=torch.channels_last)
-        weight = weight.contiguous(memory_format=torch.channels_last)
+    data, weight = cpu_channels_last(data), cpu_channels_last(weight)
     return _CONV[n](data, weight, bias, strides, padding, dilations, group)
 
 
 @register("Conv", since=1)
 def conv(ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]) -> torch.Tensor:
-    data, weight = x[0], x[1]
-    bias = x[2] if len(x) > 2 else None
-    assert data is not None and weight is not None
+    data, weight = need(x, 0), need(x, 1)
+    bias = opt(x, 2)
     return _conv(data, weight, bias, attrs)
 
 
@@ -119,13 +115,12 @@ def conv(ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]) ->
 def conv_integer(
     ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]
 ) -> torch.Tensor:
-    data, weight = x[0], x[1]
-    assert data is not None and weight is not None
+    data, weight = need(x, 0), need(x, 1)
     # Exact in float64 for 8-bit operands; MPS has no float64.
     work = torch.float32 if data.device.type == "mps" else torch.float64
     data, weight = data.to(work), weight.to(work)
-    x_zero = x[2] if len(x) > 2 else None
-    w_zero = x[3] if len(x) > 3 else None
+    x_zero = opt(x, 2)
+    w_zero = opt(x, 3)
     if x_zero is not None:
         data = data - x_zero.to(work)
     if w_zero is not None:
@@ -163,9 +158,8 @@ def _transpose_pads(
 def conv_transpose(
     ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]
 ) -> torch.Tensor:
-    data, weight = x[0], x[1]
-    bias = x[2] if len(x) > 2 else None
-    assert data is not None and weight is not None
+    data, weight = need(x, 0), need(x, 1)
+    bias = opt(x, 2)
     n = _spatial_rank(data, "ConvTranspose")
     strides = ints(attrs, "strides", 1, n)
     dilations = ints(attrs, "dilations", 1, n)
@@ -214,8 +208,7 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @register("MatMul", since=1)
 def matmul(ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]) -> torch.Tensor:
-    a, b = x[0], x[1]
-    assert a is not None and b is not None
+    a, b = need(x, 0), need(x, 1)
     return _matmul(a, b)
 
 
@@ -223,11 +216,10 @@ def matmul(ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]) 
 def matmul_integer(
     ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]
 ) -> torch.Tensor:
-    a, b = x[0], x[1]
-    assert a is not None and b is not None
+    a, b = need(x, 0), need(x, 1)
     a, b = a.to(torch.int64), b.to(torch.int64)
-    a_zero = x[2] if len(x) > 2 else None
-    b_zero = x[3] if len(x) > 3 else None
+    a_zero = opt(x, 2)
+    b_zero = opt(x, 3)
     if a_zero is not None:
         # A 1-D zero point of A has one entry per row (M), so it runs down the rows.
         a_zero = a_zero.to(torch.int64)
@@ -239,9 +231,8 @@ def matmul_integer(
 
 @register("Gemm", since=1)
 def gemm(ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]) -> torch.Tensor:
-    a, b = x[0], x[1]
-    c = x[2] if len(x) > 2 else None
-    assert a is not None and b is not None
+    a, b = need(x, 0), need(x, 1)
+    c = opt(x, 2)
     if attrs.get("transA", 0):
         a = a.transpose(0, 1)
     if attrs.get("transB", 0):
