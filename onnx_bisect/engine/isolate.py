@@ -70,7 +70,9 @@ def isolate(
     todo = [
         n
         for n in (model.nodes if nodes is None else nodes)
-        if n.outputs and _reference_known(n, known, store)
+        if n.outputs
+        and n.name not in model.constant_nodes  # judged by value alone (engine/judge.py)
+        and _reference_known(n, known, store)
     ]
     sizes: dict[str, int | None] = {
         n.name: sum(store.nbytes(t) for t in (*n.inputs, *n.outputs) if t in store) for n in todo

@@ -41,11 +41,10 @@ def judge(
     crit: Criterion,
 ) -> list[NodeResult]:
     """Per-node verdicts from the accumulated and isolated comparisons."""
-    constants = set(loaded.constants)
     results: list[NodeResult] = []
     for n in loaded.nodes:
         acc = _worst([accumulated[t] for t in n.outputs if t in accumulated], crit)
-        if n.outputs and all(t in constants for t in n.outputs if t):
+        if n.name in loaded.constant_nodes:
             results.append(_constant(n, acc))
             continue
         iso_entry = isolated.get(n.name)

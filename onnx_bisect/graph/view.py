@@ -84,6 +84,15 @@ class LoadedModel:
         return tuple(found)
 
     @cached_property
+    def constant_nodes(self) -> frozenset[str]:
+        """Names of the nodes every output of which is in ``constants``: they compute nothing
+        from the inputs, so the search compares them but never isolates or blames them."""
+        known = set(self.constants)
+        return frozenset(
+            n.name for n in self.nodes if n.outputs and all(t in known for t in n.outputs if t)
+        )
+
+    @cached_property
     def dtypes(self) -> dict[str, np.dtype[np.generic]]:
         """Element type of every tensor shape inference typed: what a runtime expects to be
         fed, whatever precision the reference computed it in."""
