@@ -121,7 +121,13 @@ def _judge_float(ref: Array, target: Array, crit: Criterion, limit: float) -> _J
 def _below_abs_floor(ref: Array, metrics: dict[str, float], crit: Criterion) -> bool:
     if not crit.abs_floor or not ref.size:
         return False
-    return metrics["max_abs"] <= crit.abs_floor * max(1.0, float(np.max(np.abs(ref))))
+    return metrics["max_abs"] <= _floor(crit.abs_floor, ref)
+
+
+def _floor(per_unit: float, values: Array) -> float:
+    """An absolute floor of ``per_unit`` × max(1, peak |values|): a few fp32 ulps of the
+    tensor's scale, however small its values are."""
+    return per_unit * max(1.0, float(np.max(np.abs(values))))
 
 
 def _reference_off(name: str, ref: Array, target: Array, crit: Criterion) -> str:
@@ -142,8 +148,7 @@ def _reference_off(name: str, ref: Array, target: Array, crit: Criterion) -> str
     ref_err, tgt_err = rel_l2(e, r), rel_l2(e, t)
     # As for the fixed threshold's floor: an error of a few ulps of max(1, peak) is no error,
     # however large relative to values driven to ~1e-5 (fp32 sigmoid tails differ by 1e-3).
-    peak = max(1.0, float(np.max(np.abs(e)))) if e.size else 1.0
-    significant = e.size and float(np.max(np.abs(e - r))) > REFERENCE_ABS_FLOOR * peak
+    significant = e.size and float(np.max(np.abs(e - r))) > _floor(REFERENCE_ABS_FLOOR, e)
     if significant and ref_err > bound and tgt_err <= bound and rel_l2(r, t) > bound:
         return (
             f"the reference is off: rel_l2 against float64 is {ref_err:.3g} for the reference "
