@@ -16,6 +16,7 @@ from onnx_bisect.backends.environment import environment
 from onnx_bisect.backends.protocol import Backend
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.backends.spec import BackendSpec, parse_spec
+from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.compare.noise import NoiseFloor
 from onnx_bisect.compare.topk import TopKCheck, TopKSpec, topk_checks
 from onnx_bisect.engine.crash import crash_search
@@ -113,21 +114,25 @@ def open_session(setup: Setup, feeds: Feeds, scratch: Path, timer: StageTimer) -
     crit = options.criterion()
     session = Session(setup, feeds, crit, sizes, scratch, timer=timer, notes=list(setup.notes))
     if options.auto_threshold:
-        with timer.stage("float64"):
-            float64 = _float64_or_none(session)
-        if float64 is None:
-            session.crit = replace(crit, abs_floor=FALLBACK_ABS_FLOOR)
-        else:
-            floors = NoiseFloor(float64.values, float64.oracle_noise)
-            session.crit = replace(
-                crit, noise=floors, truth=floors.truth, k=options.noise_k, eps=options.noise_eps
-            )
+        job = lambda: _auto_criterion(session, crit)  # noqa: E731
+        session.measure_criterion(job, alongside=options.parallel)
     return session
 
 
 # --threshold auto without float64 values: rel_l2 > 1e-3 and max_abs above 8 fp32 ulps of
 # max(1, the tensor's peak), so that outputs driven to ~1e-5 by random inputs stay quiet.
 FALLBACK_ABS_FLOOR = 1e-6
+
+
+def _auto_criterion(session: Session, crit: Criterion) -> Criterion:
+    """``crit`` with per-tensor noise floors from float64, or the fallback floor without."""
+    with session.timer.stage("float64"):
+        float64 = _float64_or_none(session)
+    if float64 is None:
+        return replace(crit, abs_floor=FALLBACK_ABS_FLOOR)
+    floors = NoiseFloor(float64.values, float64.oracle_noise)
+    options = session.options
+    return replace(crit, noise=floors, truth=floors.truth, k=options.noise_k, eps=options.noise_eps)
 
 
 def _float64_or_none(session: Session) -> Float64Run | None:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from threading import Lock
 from typing import Any, TypeVar
 
 import numpy.typing as npt
@@ -32,10 +33,13 @@ class RunStats:
 
     runs: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    # Runs record from several threads at once (the pair, the float64 oracle beside them).
+    _lock: Lock = field(default_factory=Lock, repr=False, compare=False)
 
     def record(self, role: str, seconds: float) -> None:
-        self.runs[role] = self.runs.get(role, 0) + 1
-        self.seconds[role] = self.seconds.get(role, 0.0) + seconds
+        with self._lock:
+            self.runs[role] = self.runs.get(role, 0) + 1
+            self.seconds[role] = self.seconds.get(role, 0.0) + seconds
 
 
 def plan_chunks(

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,12 +80,36 @@ class Session:
 
     setup: Setup
     feeds: Feeds
-    crit: Criterion
+    criterion: Criterion
     sizes: Mapping[str, int | None]
     scratch: Path
     stats: RunStats = field(default_factory=RunStats)
     timer: StageTimer = field(default_factory=StageTimer)
     notes: list[str] = field(default_factory=list)
+    _pending: Future[Criterion] | None = field(default=None, repr=False)
+
+    @property
+    def crit(self) -> Criterion:
+        """The criterion; one still being measured (``measure_criterion``) is waited for."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self.criterion = pending.result()
+        return self.criterion
+
+    @crit.setter
+    def crit(self, value: Criterion) -> None:
+        self._pending, self.criterion = None, value
+
+    def measure_criterion(self, job: Callable[[], Criterion], *, alongside: bool) -> None:
+        """Measure the criterion with ``job``, in a thread beside the plain runs when
+        ``alongside``: the float64 oracle (torch's import alone is 1.4 s) then costs about
+        nothing on two cores, as the screen's runtimes release the GIL while they compute."""
+        if not alongside:
+            self.criterion = job()
+            return
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="float64")
+        self._pending = pool.submit(job)
+        pool.shutdown(wait=False)
 
     @property
     def loaded(self) -> LoadedModel:

@@ -28,7 +28,7 @@ def numerics(*, tf32: bool, deterministic: bool | None) -> Iterator[None]:
         try:
             _set_tf32(tf32)
             if deterministic is not None:
-                torch.use_deterministic_algorithms(deterministic, warn_only=True)
+                _set_deterministic(deterministic, warn_only=True)
                 torch.backends.cudnn.deterministic = deterministic
                 torch.backends.cudnn.benchmark = not deterministic and saved["benchmark"]
             yield
@@ -46,6 +46,17 @@ def _set_tf32(on: bool) -> None:
     else:
         matmul.allow_tf32 = on
         cudnn.allow_tf32 = on
+
+
+def _set_deterministic(on: bool, *, warn_only: bool) -> None:
+    # Only on a change: the setter imports torch._inductor (about 2 s on a cold process),
+    # which would double the float64 oracle's cost on a plain run that changes nothing.
+    now = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    if now != (on, warn_only):
+        torch.use_deterministic_algorithms(on, warn_only=warn_only)
 
 
 def _read() -> dict[str, Any]:
@@ -69,7 +80,7 @@ def _read() -> dict[str, Any]:
 def _restore(saved: dict[str, Any]) -> None:
     cudnn: Any = torch.backends.cudnn  # the fp32_precision attributes are not in the stubs
     matmul: Any = torch.backends.cuda.matmul
-    torch.use_deterministic_algorithms(saved["deterministic"], warn_only=saved["warn_only"])
+    _set_deterministic(saved["deterministic"], warn_only=saved["warn_only"])
     cudnn.deterministic, cudnn.benchmark = saved["cudnn_deterministic"], saved["benchmark"]
     if "precision" in saved:
         matmul.fp32_precision, cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision = saved[
