@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -152,3 +153,15 @@ def test_erf_in_float32_is_erf_correctly_rounded() -> None:
     expected = np.array([math.erf(v) for v in x.astype(np.float64)]).astype(np.float32)
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_repro_script_ref_runs_the_same_corrections(spec: str) -> None:
+    """A bundle's repro.py must compare against the reference the report used."""
+    from onnx_bisect.repro import template
+
+    model, feeds = _bn_model(12, epsilon=1e-3), _feeds()
+    expected = create_backend("cpu").run(model, feeds)["y"]
+    run = template.make_runner(template.parse_spec(spec), None)
+    got = run(Path("unused.onnx"), model, feeds)["y"]
+    assert rel_l2(expected, got) < 1e-5

@@ -308,12 +308,27 @@ def _ref_runner(spec: Spec) -> Runner:
             ) from None
         upcast = (upcast_model, upcast_feeds)
 
+    # The tool's 'ref' corrects operators onnx.reference computes wrongly (BatchNormalization
+    # at opsets 9-13 runs in training mode upstream); without them this script would compare
+    # against a different reference than the report did.
+    corrections: list[Any] | None = None
+    try:
+        from onnx_bisect.backends.reference_ops import NEW_OPS
+
+        corrections = list(NEW_OPS)
+    except Exception:
+        print(
+            "warning: onnx-bisect is not installed, so 'ref' is plain onnx.reference without "
+            "the tool's corrections (BatchNormalization at opsets 9-13, Erf)",
+            file=sys.stderr,
+        )
+
     def run(model_path: Path, model: onnx.ModelProto, feeds: Tensors) -> Tensors:
         from onnx.reference import ReferenceEvaluator
 
         if upcast is not None:
             model, feeds = upcast[0](model), upcast[1](feeds)
-        evaluator = ReferenceEvaluator(model)
+        evaluator = ReferenceEvaluator(model, new_ops=corrections)
         names = [o.name for o in model.graph.output]
         wanted = set(evaluator.input_names)
         values = evaluator.run(names, {k: v for k, v in feeds.items() if k in wanted})
