@@ -84,6 +84,10 @@ def _options(options: BisectOptions | None, overrides: dict[str, Any]) -> Bisect
         raise InputError(f"bisect() got unknown option(s) {unknown}; see BisectOptions") from None
 
 
+# What a bundle must show, by root-cause kind: a crash, an error, or else a divergence.
+SYMPTOMS = {CauseKind.CRASH: "crash", CauseKind.UNSUPPORTED: "error", CauseKind.ERROR: "error"}
+
+
 def _repro(session: Session, found: Found, out_dir: Path) -> ReproInfo:
     """The smallest subgraph that reproduces what was found, written and verified."""
     store = found.store
@@ -93,6 +97,6 @@ def _repro(session: Session, found: Found, out_dir: Path) -> ReproInfo:
         scan(session, store, observe_target=False)
     cause, first = found.cause, found.first
     start = cause.nodes if cause and cause.nodes else ((first.name,) if first else ())
-    crash = cause is not None and cause.kind is CauseKind.CRASH
-    job = BundleJob(session, found.cut_from or session.loaded, store, crash=crash)
+    symptom = SYMPTOMS.get(cause.kind, "divergence") if cause is not None else "divergence"
+    job = BundleJob(session, found.cut_from or session.loaded, store, symptom=symptom)
     return write_repro(job, start, out_dir, verify_in_process=not session.setup.target_from_spec)

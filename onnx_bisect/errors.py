@@ -36,10 +36,24 @@ class BackendUnavailableError(OnnxBisectError):
 class BackendError(OnnxBisectError):
     """A backend failed while loading or running a model."""
 
-    def __init__(self, message: str, *, node: str | None = None, role: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        node: str | None = None,
+        role: str | None = None,
+        detail: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.node = node
         self.role = role  # "ref" or "target" once the search knows which side failed
+        # The runtime's whole message: the one-line ``message`` is cut to fit a terminal, and
+        # a finding must keep what the runtime said (OpenVINO's summary comes last).
+        self.detail = detail
+
+    @property
+    def full(self) -> str:
+        return self.detail or str(self)
 
 
 class BackendCrash(BackendError):

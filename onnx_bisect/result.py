@@ -80,13 +80,17 @@ class CauseKind(StrEnum):
     the one off (the target agrees with float64); ``parameter``: the target holds a different
     value of a constant or weight (a transform or a precision policy rounded it) and no node
     computes wrongly; ``pattern``: only a window of connected nodes reproduces it; ``crash``:
-    the target dies when the node is present; ``none``: none of these could be shown."""
+    the target dies when the node is present; ``unsupported``: the target cannot run the node
+    (a missing kernel or conversion); ``error``: the target reports another error whenever the
+    node is present; ``none``: none of these could be shown."""
 
     CULPRIT = "culprit"
     REFERENCE = "reference"
     PARAMETER = "parameter"
     PATTERN = "pattern"
     CRASH = "crash"
+    UNSUPPORTED = "unsupported"
+    ERROR = "error"
     NONE = "none"
 
 
@@ -177,9 +181,16 @@ class RootCause:
     kind: CauseKind
     nodes: tuple[str, ...]
     reason: str
+    # The target's own words where it crashed or failed, whole: that is what gets filed.
+    message: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "nodes": list(self.nodes), "reason": self.reason}
+        return {
+            "kind": self.kind,
+            "nodes": list(self.nodes),
+            "reason": self.reason,
+            "message": self.message,
+        }
 
 
 @dataclass(frozen=True)

@@ -212,3 +212,46 @@ def test_culprit_amplification_is_a_dash_and_agreeing_outputs_print_no_culprit()
     assert quiet.verdict == "match" and quiet.nodes and quiet.root_cause is None
     shown = onnx_bisect.bisect(YOLO, ref="cpu", target="cpu+fp16", threshold=1e-2, always_scan=True)
     assert shown.verdict == "match"
+
+
+# --- precision policy ------------------------------------------------------------------------
+
+TRANSFORMER = ROOT / "examples" / "models" / "transformer_block.onnx"
+
+
+def test_a_target_declaring_reduced_precision_gets_the_precision_note() -> None:
+    """Under the default noise floors, float16 names a single culprit; the note must still
+    say that the target's precision, not a kernel, is the likely explanation."""
+    pytest.importorskip("torch")
+    shapes = {"x": (2, 64, 16)}
+    half = onnx_bisect.bisect(
+        TRANSFORMER, ref="cpu", target="torch:cpu?dtype=float16", shapes=shapes
+    )
+    assert half.verdict == "diverged" and half.culprits()
+    note = next(n for n in half.notes if "computes in float16" in n)
+    assert "compare at fp32 (e.g. torch:cpu)" in note
+    # A strict fp32 target that diverges because of a planted fault gets no such note.
+    faulty = onnx_bisect.bisect(YOLO, ref="cpu", target=FaultyBackend(first_conv(), 0.01))
+    assert faulty.verdict == "diverged"
+    assert not [n for n in faulty.notes if "precision" in n or "computes in" in n]
+
+
+@pytest.mark.parametrize(
+    ("spec", "description", "expected"),
+    [
+        ("torch:cuda?tf32=1", "torch cuda", "TF32"),
+        ("torch:cpu?dtype=bfloat16", "", "bfloat16"),
+        ("cpu+fp16", "", "float16 (the +fp16 transform)"),
+        ("openvino", "OpenVINO CPU precision=bf16", "bfloat16"),
+        ("openvino?precision=f32", "OpenVINO CPU precision=f32", None),
+        ("torch:cuda?tf32=0", "", None),
+        ("exec:run.sh --dtype=float16 {model}", "", None),
+    ],
+)
+def test_declared_precision_reads_the_spec(
+    spec: str, description: str, expected: str | None
+) -> None:
+    from onnx_bisect.engine.precision import declared_precision
+    from onnx_bisect.result import BackendInfo
+
+    assert declared_precision(BackendInfo(spec, description)) == expected

@@ -254,6 +254,7 @@ TEMPLATE_PLACEHOLDERS = (
     "__TITLE__\n",
     *(f'"__{name}__"' for name in ("REF", "TARGET", "METRIC", "THRESHOLD", "ATOL", "RTOL")),
     '"__WORKDIR__"',
+    '"__SYMPTOM__"',
 )
 
 

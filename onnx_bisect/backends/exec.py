@@ -78,7 +78,10 @@ class ExecBackend(BackendBase):
                 status = _status(proc.returncode)
                 # Killed by a signal (segfault, abort) is a crash, not an error it reported.
                 error = BackendCrash if proc.returncode < 0 else BackendError
-                raise error(f"{self.spec.text}: exited with {status}: {_tail(proc.stderr)}")
+                raise error(
+                    f"{self.spec.text}: exited with {status}: {_tail(proc.stderr)}",
+                    detail=f"{self.spec.text}: exited with {status}:\n{_text(proc.stderr)}",
+                )
             out_path = Path(paths["{outputs}"])
             if not out_path.exists():
                 raise BackendError(
@@ -108,7 +111,12 @@ def _status(code: int) -> str:
 
 
 def _tail(raw: bytes) -> str:
-    # Runtimes log in whatever encoding they like; the message must survive any of them.
-    stderr = raw.decode("utf-8", errors="replace")
-    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    lines = [ln for ln in _text(raw).splitlines() if ln.strip()]
     return " | ".join(lines[-_STDERR_TAIL:]) or "(no stderr)"
+
+
+def _text(raw: bytes, limit: int = 20_000) -> str:
+    """The child's stderr for a finding: all of it, or its last ``limit`` characters."""
+    # Runtimes log in whatever encoding they like; the message must survive any of them.
+    text = raw.decode("utf-8", errors="replace").strip()
+    return text if len(text) <= limit else "…" + text[-limit:]

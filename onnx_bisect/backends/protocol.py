@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -66,6 +68,9 @@ class BackendBase:
 
     def __init__(self, spec: BackendSpec) -> None:
         self.spec = spec
+        # Counted by text, so a warning that every run repeats is one line with a count.
+        self._notes: Counter[str] = Counter()
+        self._notes_lock = threading.Lock()
 
     def run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
         wanted = [o.name for o in model.graph.output]
@@ -75,7 +80,9 @@ class BackendBase:
             raise
         except Exception as exc:
             # Runtimes raise their own types; the message is what the user needs.
-            raise BackendError(f"{self.spec.text}: {one_line(exc)}") from exc
+            raise BackendError(
+                f"{self.spec.text}: {one_line(exc)}", detail=f"{self.spec.text}: {exc}"
+            ) from exc
         missing = [n for n in wanted if n not in out]
         if missing:
             raise BackendError(
@@ -96,7 +103,26 @@ class BackendBase:
     def recorded_inputs(self) -> Tensors | None:
         return None
 
+    def notes(self) -> list[str]:
+        """What happened during runs that the report should say, one line each in the order
+        first seen: a copy run at a lowered IR version, floating-point warnings (which would
+        otherwise go to stderr). Empty by default."""
+        with self._notes_lock:
+            counted = list(self._notes.items())
+        return [text if n == 1 else f"{text} ({n} times)" for text, n in counted]
 
-def one_line(exc: BaseException) -> str:
+    def _note(self, text: str, count: int = 1, *, once: bool = False) -> None:
+        """Record ``text``; ``once`` for a fact (shown without a count), not an event."""
+        with self._notes_lock:
+            if not (once and text in self._notes):
+                self._notes[text] += count
+
+
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """The message on one line, its middle cut where too long: runtimes put the summary last
+    (OpenVINO's "Summary: Conversion is failed for: ...")."""
     text = " ".join(str(exc).split()) or type(exc).__name__
-    return text[:400]
+    if len(text) <= limit:
+        return text
+    head = limit // 3
+    return f"{text[:head]} … {text[-(limit - head - 3) :]}"

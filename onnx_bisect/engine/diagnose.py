@@ -9,8 +9,10 @@ one input's feeds, sizes and criterion (with noise floors for ``--threshold auto
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 from onnx_bisect.backends.environment import environment
 from onnx_bisect.backends.protocol import Backend
@@ -19,13 +21,13 @@ from onnx_bisect.backends.spec import BackendSpec, parse_spec
 from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.compare.noise import NoiseFloor
 from onnx_bisect.compare.topk import TopKCheck, TopKSpec, topk_checks
-from onnx_bisect.engine.crash import crash_search
+from onnx_bisect.engine.failure import failure_search
 from onnx_bisect.engine.found import Found
-from onnx_bisect.engine.judge import widespread
 from onnx_bisect.engine.observe import Float64Run, Observed, measure_float64, screen
+from onnx_bisect.engine.precision import precision_notes
 from onnx_bisect.engine.session import Feeds, Session, Setup, StageTimer
 from onnx_bisect.engine.strategies import STRATEGIES, choose
-from onnx_bisect.errors import BackendCrash, BackendError, InputError
+from onnx_bisect.errors import BackendError, InputError
 from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
 from onnx_bisect.graph.view import LoadedModel
@@ -38,6 +40,7 @@ from onnx_bisect.transforms.registry import TransformRecord
 __all__ = ["BackendLike", "Diagnosis", "diagnose", "open_session", "prepare", "to_result"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 BackendLike = str | BackendSpec | Backend
 IN_MEMORY = "<in-memory ModelProto>"
@@ -124,6 +127,12 @@ def open_session(setup: Setup, feeds: Feeds, scratch: Path, timer: StageTimer) -
 FALLBACK_ABS_FLOOR = 1e-6
 
 
+def _in_order(tally: Mapping[str, T], first: tuple[str, ...]) -> dict[str, T]:
+    """``tally`` with ``first`` leading: the float64 oracle runs in a thread, so when its
+    entries land varies from run to run, and the report should not."""
+    return {k: tally[k] for k in (*[f for f in first if f in tally], *tally) if k in tally}
+
+
 def _auto_criterion(session: Session, crit: Criterion) -> Criterion:
     """``crit`` with per-tensor noise floors from float64, or the fallback floor without."""
     with session.timer.stage("float64"):
@@ -152,10 +161,11 @@ def diagnose(session: Session) -> Diagnosis:
     try:
         with session.timer.stage("screen"):
             screened = screen(session)
-    except BackendCrash as exc:
+    except BackendError as exc:
+        # The target failing is a finding (the reference failing is a usage problem).
         if exc.role != "target":
             raise
-        return Diagnosis(None, crash_search(session, exc), diverged=True)
+        return Diagnosis(None, failure_search(session, exc), diverged=True)
     # After a transform the per-tensor picture is the point (fp16's error curve, proof that
     # no renamed tensor moved), so the scan runs even when the outputs agree.
     if not screened.diverged and not options.always_scan and not session.setup.transforms:
@@ -170,7 +180,7 @@ def to_result(session: Session, diagnosis: Diagnosis, repro: ReproInfo | None) -
     notes = list(session.notes)
     first = found.first if found else None
     if found is not None:
-        notes += widespread(found.nodes, setup.target_info.spec)
+        notes += precision_notes(found.nodes, setup.target_info)
         if not diagnosis.diverged and first is not None:
             notes.append(
                 f"the final outputs agree, but {first.name!r} and later tensors diverge inside "
@@ -196,8 +206,8 @@ def to_result(session: Session, diagnosis: Diagnosis, repro: ReproInfo | None) -
         nodes=found.nodes if found else (),
         not_probed=setup.loaded.not_probed,
         inputs=session.feeds,
-        timings=session.timer.finish(),
-        runs=dict(session.stats.runs),
+        timings=_in_order(session.timer.finish(), ("load", "float64", "screen")),
+        runs=_in_order(session.stats.runs, ("float64", "ref", "target")),
         notes=tuple(notes),
         versions=setup.versions,
         command=setup.options.command,

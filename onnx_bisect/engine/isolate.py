@@ -18,12 +18,13 @@ from onnx_bisect.errors import BackendCrash, BackendError
 from onnx_bisect.graph.extract import isolation_model
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
 
-__all__ = ["ISOLATION_BATCH_BYTES", "IsolationFailure", "isolate"]
+__all__ = ["ISOLATION_BATCH_BYTES", "IsolationFailure", "isolate", "unsupported"]
 
 Feeds = Mapping[str, npt.NDArray[Any]]
 
 
-# Phrases runtimes use when they lack a kernel, as opposed to failing while running one.
+# Phrases runtimes use when they lack a kernel or a conversion, as opposed to failing while
+# running one. Matched against the whole message, lower-cased.
 _UNSUPPORTED = (
     "not implemented",
     "not_implemented",
@@ -35,18 +36,28 @@ _UNSUPPORTED = (
     "cannot create",
     "doesn't support",
     "does not support",
+    "conversion is failed",  # OpenVINO's frontend: "Summary: Conversion is failed for: ..."
+    "no conversion rule",
 )
+
+
+def unsupported(message: str) -> bool:
+    """Whether a runtime's message says it lacks the op, rather than failed running it."""
+    text = message.lower()
+    return any(p in text for p in _UNSUPPORTED)
 
 
 @dataclass(frozen=True)
 class IsolationFailure:
+    """The target could not run a node alone: ``message`` for one line, ``detail`` in full."""
+
     message: str
     crashed: bool = False
+    detail: str | None = None
 
     @property
     def unsupported(self) -> bool:
-        text = self.message.lower()
-        return any(p in text for p in _UNSUPPORTED)
+        return unsupported(self.detail or self.message)
 
 
 def isolate(
@@ -90,7 +101,9 @@ def isolate(
             outs = _run_isolated(session, model, store, batch)
         except BackendError as exc:
             if len(batch) == 1:
-                results[batch[0].name] = IsolationFailure(str(exc), isinstance(exc, BackendCrash))
+                results[batch[0].name] = IsolationFailure(
+                    str(exc), isinstance(exc, BackendCrash), exc.full
+                )
                 continue
             half = len(batch) // 2
             pending += [batch[half:], batch[:half]]

@@ -25,12 +25,10 @@ __all__ = [
     "culprit_cause",
     "dump_verdicts",
     "first_divergence",
-    "fp32_spec",
     "judge",
     "mark_pattern",
     "observer_problem",
     "root_cause",
-    "widespread",
 ]
 
 
@@ -208,36 +206,6 @@ def _parameter_cause(changed: Sequence[NodeResult], reader: str) -> RootCause:
         f"{len(changed)} constant(s) hold different values on the target ({names}: {why}"
         f"{reader}): a transform or the target's precision changed the parameter, not a kernel",
     )
-
-
-def widespread(nodes: Sequence[NodeResult], target_spec: str = "") -> list[str]:
-    """Many culprits at once is a precision policy (bf16, fp16, TF32), not one bad kernel."""
-    culprits = [n for n in nodes if n.verdict is Verdict.CULPRIT]
-    ops = sorted({n.op_type for n in culprits})
-    if len(culprits) < 5 or len(culprits) < 0.1 * sum(1 for n in nodes if n.isolated):
-        return []
-    return [
-        f"{len(culprits)} nodes ({', '.join(ops[:4])}) are each wrong on their own: that is "
-        "usually the target computing at lower precision (bf16/fp16/TF32) rather than one bad "
-        f"kernel; compare at fp32 (e.g. {fp32_spec(target_spec)}) to test the kernels, or use "
-        "--threshold auto to see which errors exceed fp32 rounding"
-    ]
-
-
-def fp32_spec(target_spec: str) -> str:
-    """The target's spec asking for strict float32, for the precision-policy note."""
-    runtime = target_spec.split("+", 1)[0]
-    if runtime != target_spec and not runtime.startswith(("exec:", "dump:")):
-        return runtime  # a +fp16-style transform made the precision: drop it
-    name, _, query = runtime.partition("?")
-    if name == "mps" or name.startswith("torch"):
-        kept = [kv for kv in query.split("&") if kv and not kv.startswith(("dtype=", "tf32="))]
-        if name.startswith("torch:cuda"):
-            kept.append("tf32=0")
-        return name + ("?" + "&".join(kept) if kept else "")
-    if name.startswith("openvino"):
-        return f"{name}?precision=f32"
-    return "the target's fp32 setting"
 
 
 def dump_verdicts(

@@ -79,7 +79,9 @@ def timed_run(
         return backend.run(model, feeds)
     except BackendError as exc:
         who = "reference" if role == "ref" else role
-        raise type(exc)(f"{who} failed: {exc}", node=exc.node, role=role) from exc
+        raise type(exc)(
+            f"{who} failed: {exc}", node=exc.node, role=role, detail=exc.detail
+        ) from exc
     finally:
         stats.record(role, time.perf_counter() - start)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from onnx_bisect.report.curve import error_curve
 from onnx_bisect.result import BisectResult, NodeResult
@@ -10,6 +11,7 @@ from onnx_bisect.result import BisectResult, NodeResult
 __all__ = [
     "chain_line",
     "curve_lines",
+    "fenced",
     "first_divergence_phrase",
     "fmt",
     "fmt_amp",
@@ -104,3 +106,11 @@ def curve_lines(result: BisectResult, width: int = 40) -> list[str]:
         name = p.node if len(p.node) <= 36 else "…" + p.node[-35:]
         lines.append(f"{where} {mark} {bar.ljust(width)} {fmt(p.error):>9}  {p.op_type} {name}")
     return lines
+
+
+def fenced(text: str) -> list[str]:
+    """``text`` verbatim in a Markdown code block, with a fence longer than any run of
+    backticks inside it (runtime messages quote code)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence + "text", *text.splitlines(), fence]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from onnx_bisect.report.format import fmt
+from onnx_bisect.report.format import fenced, fmt
 from onnx_bisect.report.markdown import render_markdown, render_table
 from onnx_bisect.result import CauseKind
 
@@ -16,13 +16,18 @@ __all__ = ["MAX_ISSUE_CHARS", "render_bundle_readme", "render_issue"]
 # GitHub caps an issue body at 65,536 characters; keep room for the reporter's own words.
 MAX_ISSUE_CHARS = 60_000
 TOP_ROWS = 10
+_FAILS = {
+    CauseKind.CRASH: "crashes on",
+    CauseKind.UNSUPPORTED: "cannot run",
+    CauseKind.ERROR: "fails on",
+}
 
 
 def _headline(result: BisectResult) -> str:
     rc = result.root_cause
     target, ref = result.target.spec, result.ref.spec
-    if rc is not None and rc.kind is CauseKind.CRASH and rc.nodes:
-        return f"`{target}` crashes on `{rc.nodes[0]}`"
+    if rc is not None and rc.kind in _FAILS and rc.nodes:
+        return f"`{target}` {_FAILS[rc.kind]} `{rc.nodes[0]}`"
     if rc is not None and rc.nodes:
         what = rc.nodes[0] if len(rc.nodes) == 1 else f"{rc.nodes[0]} … {rc.nodes[-1]}"
         return f"`{target}` diverges from `{ref}` at `{what}` ({rc.kind})"
@@ -103,8 +108,9 @@ def render_issue(result: BisectResult) -> str:
     head += ["", "## Minimal repro", ""]
     head += _bundle_lines(result)
     head += ["", "```bash", "cd repro && python repro.py   # exits 1 when it reproduces", "```"]
-    head += ["", "## Expected vs actual", ""]
-    head += ["| output | status | rel_l2 | max_abs |", "|---|---|---|---|"]
+    if result.outputs:
+        head += ["", "## Expected vs actual", ""]
+        head += ["| output | status | rel_l2 | max_abs |", "|---|---|---|---|"]
     for c in result.outputs:
         rel, mx = fmt(c.metrics.get("rel_l2")), fmt(c.metrics.get("max_abs"))
         head.append(f"| `{c.tensor}` | {c.status.value} | {rel} | {mx} |")
@@ -115,6 +121,8 @@ def render_issue(result: BisectResult) -> str:
         head += ["", f"First divergence: {fd.op_type} `{fd.name}` (#{fd.index}): {detail}."]
     if rc is not None:
         head += [f"Root cause ({rc.kind}): {rc.reason}."]
+        if rc.message:
+            head += ["", "## What the target said", "", *fenced(rc.message)]
     top = result.top(TOP_ROWS)
     if top:
         head += ["", f"## Top {len(top)} nodes", ""] + render_table(result, top)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from onnx_bisect.report.format import (
     chain_line,
     curve_lines,
+    fenced,
     first_divergence_phrase,
     fmt,
     fmt_amp,
@@ -41,8 +42,9 @@ def render_markdown(result: BisectResult) -> str:
     inputs = ", ".join(f"`{k}` {list(v.shape)} {v.dtype}" for k, v in result.inputs.items())
     lines += [f"- inputs: {inputs} (saved in `inputs.npz`)"]
     lines += [f"- criterion: {result.criterion.describe()}"]
-    lines += ["", "**Final outputs**", "", "| output | status | rel_l2 | max_abs | note |"]
-    lines += ["|---|---|---|---|---|"]
+    if result.outputs:
+        lines += ["", "**Final outputs**", "", "| output | status | rel_l2 | max_abs | note |"]
+        lines += ["|---|---|---|---|---|"]
     for c in result.outputs:
         lines.append(
             f"| `{c.tensor}` | {c.status.value} | {fmt(c.metrics.get('rel_l2'))} | "
@@ -72,7 +74,7 @@ def render_markdown(result: BisectResult) -> str:
     if curve:
         lines += ["", "**Error curve** (`!` = segment holds a divergent tensor)", "", "```text"]
         lines += [*curve, "```"]
-    if result.nodes:
+    if result.top(TOP_K):
         lines += ["", f"**Top {TOP_K} nodes by accumulated error**", ""]
         lines += render_table(result, result.top(TOP_K))
         shown = list(result.nodes[:MAX_FULL_TABLE_ROWS])
@@ -119,6 +121,8 @@ def _summary(result: BisectResult) -> list[str]:
     if rc is not None:
         names = ", ".join(f"`{n}`" for n in rc.nodes) or "—"
         out.append(f"- **Root cause ({rc.kind}):** {names}. {rc.reason}")
+        if rc.message:
+            out += ["", "The target said:", "", *fenced(rc.message), ""]
     if chain_line(result):
         out.append(f"- **Amplification chain** (rel_l2): {chain_line(result)}")
     out.append(f"- **Strategy:** {result.strategy}")

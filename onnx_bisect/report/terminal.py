@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from textwrap import indent
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -77,6 +78,9 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
         console.print(
             f"[bold]Root cause[/] ([red]{rc.kind}[/]{below}): [cyan]{names}[/] — {rc.reason}"
         )
+        if rc.message:
+            console.print("[bold]The target said[/]:")
+            console.print(indent(rc.message, "  "), markup=False, highlight=False)
     if any(n.accumulated is not None for n in result.nodes):
         table = Table(title=f"Top {top} nodes by accumulated error", show_lines=False)
         key = result.criterion.key

@@ -63,7 +63,9 @@ class BundleJob:
     session: Session
     loaded: LoadedModel
     store: TensorStore
-    crash: bool = False
+    # What the bundle must show: "divergence", "crash" (the target dies) or "error" (the
+    # target reports an error, e.g. a missing kernel).
+    symptom: str = "divergence"
 
     @property
     def target(self) -> Backend:
@@ -91,6 +93,7 @@ def write_repro(
         atol=crit.atol,
         rtol=crit.rtol,
         title=f"{job.target.spec.text} vs {job.session.ref.spec.text}",
+        symptom=job.symptom,
         workdir=os.getcwd(),
     )
     return build_bundle(job, start, out_dir, script, verify_in_process=verify_in_process)
@@ -105,7 +108,7 @@ def build_bundle(
     so the written bundle is read back and re-run here instead of by ``repro.py``.
     """
     loaded, stats, crit = job.loaded, job.session.stats, job.session.crit
-    kind = "crash" if job.crash else "divergence"
+    kind = job.symptom
     runs_before = stats.runs.get("target", 0)
     last_written: tuple[_Candidate, str] | None = None
     for cand in _candidates(loaded, job.store, start):
@@ -115,7 +118,7 @@ def build_bundle(
         _write(out_dir, built, script)
         runs = stats.runs.get("target", 0) - runs_before
         if verify_in_process:
-            ok, tail = rerun_in_process(out_dir, job.target, crit, job.crash)
+            ok, tail = rerun_in_process(out_dir, job.target, crit, job.symptom)
         else:
             code, output = run_bundle(out_dir)
             ok, tail = code == 1, output_tail(output)
@@ -188,11 +191,13 @@ def _reproduce(job: BundleJob, cand: _Candidate) -> _Built | None:
     try:
         out = timed_run(job.target, built.model, built.inputs, "target", job.session.stats)
     except BackendCrash:
-        return built if job.crash else None
+        return built if job.symptom == "crash" else None
     except BackendError as exc:
+        if job.symptom == "error":
+            return built
         log.info("candidate failed on the target: %s", exc)
         return None
-    if job.crash:
+    if job.symptom != "divergence":
         return None
     bad = diverged_outputs(built.outputs, out, job.session.crit)
     if not bad:

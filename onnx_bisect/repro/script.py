@@ -15,11 +15,13 @@ import re
 from functools import cache
 from importlib import resources
 
-__all__ = ["SCRIPT_METRICS", "render_repro_script"]
+__all__ = ["SCRIPT_METRICS", "SYMPTOMS", "render_repro_script"]
 
 
 # The metrics the script can compute; tests check this against the template's ``metrics()``.
 SCRIPT_METRICS = ("rel_l2", "max_abs", "mean_abs", "cosine", "sqnr_db")
+# What a bundle reproduces: a wrong value, the target dying, or the target reporting an error.
+SYMPTOMS = ("divergence", "crash", "error")
 
 
 # Docstring lines and string literals are wrapped to stay within ruff's line length (100).
@@ -43,14 +45,19 @@ def render_repro_script(
     rtol: float | None = None,
     title: str = "",
     workdir: str | None = None,
+    symptom: str = "divergence",
 ) -> str:
     """The text of a bundle's ``repro.py``, comparing ``target`` with ``ref`` as recorded.
 
     ``metric`` and ``threshold`` (or ``atol``/``rtol``, which take precedence, as allclose)
     are the criterion the diagnosis used; a threshold of "auto" must be resolved to a number
-    by the caller. ``title`` goes into the script's docstring. ``workdir`` is where exec:
-    commands run (where onnx-bisect ran, so that their relative paths still resolve).
+    by the caller. ``symptom`` is what reproduces (exit 1): "divergence", "crash" or "error"
+    (the target reporting an error, e.g. a missing kernel). ``title`` goes into the script's
+    docstring. ``workdir`` is where exec: commands run (where onnx-bisect ran, so that their
+    relative paths still resolve).
     """
+    if symptom not in SYMPTOMS:
+        raise ValueError(f"render_repro_script: symptom must be one of {', '.join(SYMPTOMS)}")
     for role, spec in (("ref", ref), ("target", target)):
         if not spec.strip():
             raise ValueError(f"render_repro_script: {role} spec is empty; pass e.g. 'cpu'")
@@ -78,6 +85,7 @@ def render_repro_script(
         '"__ATOL__"': "None" if atol is None else repr(float(atol)),
         '"__RTOL__"': "None" if rtol is None else repr(float(rtol)),
         '"__WORKDIR__"': "None" if workdir is None else _literal(workdir),
+        '"__SYMPTOM__"': _quoted(symptom),
     }
     # One pass: a title or spec that contains a placeholder is never substituted again.
     pattern = re.compile("|".join(re.escape(k) for k in replacements))

@@ -35,8 +35,9 @@ exec:COMMAND is split like a shell would and run without one, with {model}, {inp
 {outputs} replaced by paths: the model, an .npz of the inputs keyed by graph input name, and
 the .npz of outputs keyed by graph output name that the program must write.
 
-Exit codes: 1 the divergence (or a crash) reproduces, 0 it does not, 2 a usage error or a
-target that reports an error instead of running (not the symptom recorded here).
+Exit codes: 1 the recorded symptom (a divergence, a crash, or the target's error) reproduces,
+0 it does not, 2 a usage error or a target that reports an error where the recorded symptom is
+a divergence or a crash.
 Needs numpy, onnx and the packages of the runtimes used, nothing else.
 """
 
@@ -78,6 +79,9 @@ ATOL = "__ATOL__"
 RTOL = "__RTOL__"
 # Where onnx-bisect ran (None: not recorded): exec: commands may hold paths relative to it.
 WORKDIR: str | None = "__WORKDIR__"
+# What this bundle reproduces: "divergence", "crash", or "error" (the target reports an error,
+# such as a missing kernel, on this subgraph).
+SYMPTOM = "__SYMPTOM__"
 
 DEFAULT_TIMEOUT = 600.0
 
@@ -528,7 +532,10 @@ def child_main(spec_text: str, directory: Path, out: Path) -> int:
         print(f"{_CHILD_USAGE}{exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        print(f"{_CHILD_FAILURE}{_one_line(exc)}", file=sys.stderr)
+        # Whole, on one line: the runtime's message is the finding when it is the symptom.
+        print(
+            f"{_CHILD_FAILURE}{' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr
+        )
         return 3
     return 0
 
@@ -907,7 +914,7 @@ def _report_run_error(error: RunError) -> int:
     print(f"  {what}: {error}")
     if error.stderr:
         print(f"  stderr: {error.stderr}")
-    if not error.crash:
+    if not error.crash and SYMPTOM != "error":
         # An error the runtime reported is not the symptom this bundle was written for.
         print(f"COULD NOT RUN: the target {what}: {error}")
         return 2

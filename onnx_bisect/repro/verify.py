@@ -55,19 +55,20 @@ def load_bundle(
 
 
 def rerun_in_process(
-    bundle: Path, target: Backend, crit: Criterion, crash: bool
+    bundle: Path, target: Backend, crit: Criterion, symptom: str
 ) -> tuple[bool, str]:
     """For a target given as a Python object, which no fresh process can rebuild: the written
-    files, read back and run here."""
+    files, read back and run here. ``symptom``: "divergence", "crash" or "error"."""
     model, inputs, expected = load_bundle(bundle)
     try:
         out = target.run(model, inputs)
     except BackendCrash as exc:
-        return crash, f"crashed: {exc}"
+        return symptom == "crash", f"crashed: {exc}"
     except BackendError as exc:
-        return False, f"failed: {exc}"
+        return symptom == "error", f"failed: {exc}"
     bad = diverged_outputs(expected, out, crit)
-    return (bool(bad) and not crash), f"diverged: {', '.join(bad)}" if bad else "no divergence"
+    shown = f"diverged: {', '.join(bad)}" if bad else "no divergence"
+    return (bool(bad) and symptom == "divergence"), shown
 
 
 def run_bundle(
