@@ -38,11 +38,22 @@ from onnx import helper
 
 
 def plant_fault(model: onnx.ModelProto, node_name: str, factor: float) -> onnx.ModelProto:
-    """A copy of ``model`` whose node ``node_name`` outputs (1 + factor) × the right value."""
+    """A copy of ``model`` whose node ``node_name`` outputs (1 + factor) × the right value,
+    wherever it is: in the main graph or inside an If branch or a Loop/Scan body."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
+    _plant(out.graph, node_name, factor)
+    return out
+
+
+def _plant(graph: onnx.GraphProto, node_name: str, factor: float) -> None:
     extra = []
-    for node in out.graph.node:
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _plant(attr.g, node_name, factor)
+            for sub in attr.graphs:
+                _plant(sub, node_name, factor)
         if node.name != node_name:
             continue
         for i, name in enumerate(node.output):
@@ -53,8 +64,7 @@ def plant_fault(model: onnx.ModelProto, node_name: str, factor: float) -> onnx.M
             scale = f"{name}__fault_scale"
             extra.append(helper.make_node("Constant", [], [scale], value=_scalar(factor)))
             extra.append(helper.make_node("Mul", [raw, scale], [name], name=f"{node_name}__fault"))
-    out.graph.node.extend(extra)
-    return out
+    graph.node.extend(extra)
 
 
 def silu_pattern_present(model: onnx.ModelProto, mul_name: str) -> bool:

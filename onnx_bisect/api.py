@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from onnx_bisect.engine.branches import with_branches_inlined
 from onnx_bisect.engine.diagnose import (
     BackendLike,
     diagnose,
@@ -65,6 +66,9 @@ def bisect(
     setup, feeds = prepare(model, ref, target, opts, timer)
     with scratch_dir() as scratch:
         session = open_session(setup, feeds, scratch, timer)
+        session = with_branches_inlined(
+            session, lambda inlined: open_session(inlined, feeds, scratch, timer)
+        )
         diagnosis = diagnose(session)
         bundle = None
         if opts.repro is not None and diagnosis.diverged and diagnosis.found is not None:

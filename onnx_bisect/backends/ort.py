@@ -1,7 +1,12 @@
-"""ONNX Runtime with any execution provider: ``ort:DEVICE?opt=...&disable=A,B&threads=N``."""
+"""ONNX Runtime with any execution provider: ``ort:DEVICE?opt=...&disable=A,B&threads=N``.
+
+A model whose IR version is newer than this onnxruntime reads runs as a copy declaring the
+highest one it reads, when the model's opsets allow it (with a note); else a one-line error.
+"""
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,7 +17,8 @@ import onnx
 
 from onnx_bisect.backends.protocol import BackendBase, Tensors
 from onnx_bisect.backends.spec import BackendSpec
-from onnx_bisect.errors import BackendUnavailableError, SpecError
+from onnx_bisect.errors import BackendError, BackendUnavailableError, SpecError
+from onnx_bisect.graph.irversion import lowered, min_ir_version, runnable_ir_version
 from onnx_bisect.graph.save import save_model
 
 __all__ = ["OrtBackend", "PROVIDERS"]
@@ -34,6 +40,13 @@ _OPT_LEVELS = ("disable", "basic", "extended", "all")
 
 # Above this size the bytes API would copy the whole model once more; a file avoids it.
 _BYTES_LIMIT = 1 << 30
+
+# onnxruntime has no API for the highest IR version it reads; its refusal names it.
+_IR_REFUSED = re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)")
+
+# FATAL only: ERROR lines ("[E:onnxruntime:...] Non-zero status code returned while running
+# Reshape node") repeat on stderr what the exception already carries into our one-line error.
+_LOG_FATAL_ONLY = 4
 
 
 class OrtBackend(BackendBase):
@@ -73,6 +86,8 @@ class OrtBackend(BackendBase):
             self.threads = int(threads) if threads is not None else 0
         except ValueError:
             raise SpecError(f"backend {spec.text!r}: threads must be an integer") from None
+        # Learned from the first refusal, so later models are lowered without one.
+        self.highest_ir: int | None = None
 
     @staticmethod
     def unavailable_reason() -> str | None:
@@ -92,7 +107,7 @@ class OrtBackend(BackendBase):
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[self.opt]
-        so.log_severity_level = 3
+        so.log_severity_level = _LOG_FATAL_ONLY
         # The arena keeps its high-water mark for the session's life; a diagnosis runs many
         # short sessions next to another runtime, so plain malloc keeps the peak lower.
         so.enable_cpu_mem_arena = False
@@ -101,6 +116,43 @@ class OrtBackend(BackendBase):
         return so
 
     def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        if self.highest_ir is not None and model.ir_version > self.highest_ir:
+            return self._run_session(self._lowered(model, self.highest_ir), feeds)
+        try:
+            return self._run_session(model, feeds)
+        except Exception as exc:  # onnxruntime's own Fail type
+            refused = _IR_REFUSED.search(str(exc))
+            if refused is None or self.highest_ir is not None:
+                raise
+            self.highest_ir = int(refused.group(2))
+        return self._run_session(self._lowered(model, self.highest_ir), feeds)
+
+    def _lowered(self, model: onnx.ModelProto, highest: int) -> onnx.ModelProto:
+        import onnxruntime as ort
+
+        version = runnable_ir_version(model, highest)
+        if version is None:
+            needed = min_ir_version(model)
+            why = (
+                f"its opsets need IR {needed}"
+                if needed is not None
+                else f"its opsets are newer than onnx {onnx.__version__} knows"
+            )
+            raise BackendError(
+                f"{self.spec.text}: the model has IR version {model.ir_version} and {why}, but "
+                f"onnxruntime {ort.__version__} reads IR versions up to {highest}; "
+                "install a newer onnxruntime"
+            )
+        self._note(
+            f"{self.spec.text}: onnxruntime {ort.__version__} reads IR versions up to "
+            f"{highest}; ran copies of the model lowered from IR {model.ir_version} to {version}",
+            once=True,
+        )
+        return lowered(model, version)
+
+    def _run_session(
+        self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]
+    ) -> Tensors:
         import onnxruntime as ort
 
         kwargs: dict[str, Any] = {"providers": self.providers}

@@ -4,13 +4,18 @@
 feeds and returns float64 outputs: a reference that rounds far less than the runtimes it judges.
 ``dtype=float32``, the default, runs the model as written. Operators that ``onnx.reference``
 computes wrongly run our corrections (``reference_ops``) instead.
+
+numpy's floating-point warnings (``overflow encountered in exp``) become notes, counted, instead
+of RuntimeWarnings on stderr: an overflow is often the very divergence being searched for.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
 import onnx
 
@@ -22,6 +27,16 @@ __all__ = ["DTYPES", "ReferenceBackend"]
 
 
 DTYPES = ("float32", "float64")
+
+
+class _FloatErrors:
+    """numpy's ``errstate(call=...)`` log target: "Warning: overflow encountered in exp\n"."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def write(self, message: str) -> None:
+        self.counts[message.removeprefix("Warning: ").strip()] += 1
 
 
 class ReferenceBackend(BackendBase):
@@ -45,10 +60,17 @@ class ReferenceBackend(BackendBase):
             from onnx_bisect.transforms.upcast import upcast_feeds, upcast_model
 
             model, feeds = upcast_model(model), upcast_feeds(feeds)
-        evaluator = ReferenceEvaluator(model, new_ops=NEW_OPS)
-        names = [o.name for o in model.graph.output]
-        wanted = set(evaluator.input_names)
-        values = evaluator.run(names, {k: v for k, v in feeds.items() if k in wanted})
+        errors = _FloatErrors()
+        # "log" instead of warnings.catch_warnings: errstate is local to this thread's context,
+        # while catch_warnings swaps process-wide state under the other backend's thread.
+        # numpy's defaults otherwise (underflow stays ignored: it is rounding, not an error).
+        with np.errstate(divide="log", over="log", invalid="log", call=errors):
+            evaluator = ReferenceEvaluator(model, new_ops=NEW_OPS)
+            names = [o.name for o in model.graph.output]
+            wanted = set(evaluator.input_names)
+            values = evaluator.run(names, {k: v for k, v in feeds.items() if k in wanted})
+        for text, n in errors.counts.items():
+            self._note(f"{self.spec.text}: {text}", n)
         return dict(zip(names, values, strict=True))
 
     def describe(self) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from onnx_bisect.backends.environment import environment
-from onnx_bisect.backends.protocol import Backend
+from onnx_bisect.backends.protocol import Backend, BackendBase
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.backends.spec import BackendSpec, parse_spec
 from onnx_bisect.compare.criterion import Criterion
@@ -178,6 +178,8 @@ def to_result(session: Session, diagnosis: Diagnosis, repro: ReproInfo | None) -
     """The ``BisectResult`` of a diagnosis, with the bundle written for it (if any)."""
     setup, found, screened = session.setup, diagnosis.found, diagnosis.screened
     notes = list(session.notes)
+    # What the runtimes noted during their runs (IR versions lowered, fp warnings).
+    notes += [n for b in (setup.ref, setup.target) if isinstance(b, BackendBase) for n in b.notes()]
     first = found.first if found else None
     if found is not None:
         notes += precision_notes(found.nodes, setup.target_info)

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import numpy.typing as npt
 import onnx
 
-from onnx_bisect.backends.protocol import Backend, Tensors
+from onnx_bisect.backends.protocol import Backend, BackendBase, Tensors
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.compare.criterion import Comparison
 from onnx_bisect.compare.noise import fp32_noise
@@ -175,6 +175,9 @@ def measure_float64(session: Session) -> Float64Run:
         if why_not:
             note += f" ({'; '.join(why_not)})"
         session.notes.append(note)
+        session.notes += [
+            n for b in (backend, fp32) if isinstance(b, BackendBase) for n in b.notes()
+        ]
         return run
     raise BackendError("no float64 oracle could run the model: " + "; ".join(why_not))
 

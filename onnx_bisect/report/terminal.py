@@ -56,31 +56,7 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
             )
     if result.diverged:
         _task_checks(result, console)
-    fd = result.first_divergence
-    if fd is not None and fd.accumulated is not None:
-        m = fd.accumulated.metrics
-        console.print(
-            f"[bold]First divergence[/]: {fd.op_type} [cyan]{fd.name}[/] (#{fd.index}) "
-            f"tensor {fd.tensor}: rel_l2={fmt(m.get('rel_l2'))} max_abs={fmt(m.get('max_abs'))} "
-            f"cosine={fmt(m.get('cosine'))}"
-        )
-    elif fd is not None:
-        console.print(
-            f"[bold]First divergence[/]: {fd.op_type} [cyan]{fd.name}[/] (#{fd.index}): "
-            f"{first_divergence_phrase(fd)}"
-        )
-    else:
-        console.print("[bold]First divergence[/]: none among the probed tensors")
-    rc = result.root_cause
-    if rc is not None:
-        names = ", ".join(rc.nodes) or "—"
-        below = "" if result.diverged else ", below the output threshold"
-        console.print(
-            f"[bold]Root cause[/] ([red]{rc.kind}[/]{below}): [cyan]{names}[/] — {rc.reason}"
-        )
-        if rc.message:
-            console.print("[bold]The target said[/]:")
-            console.print(indent(rc.message, "  "), markup=False, highlight=False)
+    _finding(result, console)
     if any(n.accumulated is not None for n in result.nodes):
         table = Table(title=f"Top {top} nodes by accumulated error", show_lines=False)
         key = result.criterion.key
@@ -116,6 +92,35 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
     runs = ", ".join(f"{k} {v}" for k, v in result.runs.items())
     steps = ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items())
     console.print(f"[dim]strategy {result.strategy}; runs: {runs}; {steps}[/]")
+
+
+def _finding(result: BisectResult, console: Console) -> None:
+    """The first divergence and the root cause, with the target's own words where it failed."""
+    fd = result.first_divergence
+    if fd is not None and fd.accumulated is not None:
+        m = fd.accumulated.metrics
+        console.print(
+            f"[bold]First divergence[/]: {fd.op_type} [cyan]{fd.name}[/] (#{fd.index}) "
+            f"tensor {fd.tensor}: rel_l2={fmt(m.get('rel_l2'))} max_abs={fmt(m.get('max_abs'))} "
+            f"cosine={fmt(m.get('cosine'))}"
+        )
+    elif fd is not None:
+        console.print(
+            f"[bold]First divergence[/]: {fd.op_type} [cyan]{fd.name}[/] (#{fd.index}): "
+            f"{first_divergence_phrase(fd)}"
+        )
+    else:
+        console.print("[bold]First divergence[/]: none among the probed tensors")
+    rc = result.root_cause
+    if rc is not None:
+        names = ", ".join(rc.nodes) or "—"
+        below = "" if result.diverged else ", below the output threshold"
+        console.print(
+            f"[bold]Root cause[/] ([red]{rc.kind}[/]{below}): [cyan]{names}[/] — {rc.reason}"
+        )
+        if rc.message:
+            console.print("[bold]The target said[/]:")
+            console.print(indent(rc.message, "  "), markup=False, highlight=False)
 
 
 def _task_checks(result: BisectResult, console: Console) -> None:
