@@ -66,10 +66,10 @@ def bisect(
     setup, feeds = prepare(model, ref, target, opts, timer)
     with scratch_dir() as scratch:
         session = open_session(setup, feeds, scratch, timer)
-        session = with_branches_inlined(
+        session, screened = with_branches_inlined(
             session, lambda inlined: open_session(inlined, feeds, scratch, timer)
         )
-        diagnosis = diagnose(session)
+        diagnosis = diagnose(session, screened)
         bundle = None
         if opts.repro is not None and diagnosis.diverged and diagnosis.found is not None:
             with timer.stage("repro"):

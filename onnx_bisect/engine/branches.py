@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 import onnx
 
-from onnx_bisect.engine.observe import screen
+from onnx_bisect.engine.diagnose import Screened, screen_session
 from onnx_bisect.engine.runs import timed_run
 from onnx_bisect.engine.session import Session, Setup
 from onnx_bisect.errors import BackendError
@@ -32,33 +32,38 @@ log = logging.getLogger(__name__)
 MAX_DEPTH = 8  # rounds of nesting; deeper Ifs stay whole
 
 
-def with_branches_inlined(session: Session, reopen: Callable[[Setup], Session]) -> Session:
-    """``session``, or one over the model with its taken If branches inlined (see module)."""
+def with_branches_inlined(
+    session: Session, reopen: Callable[[Setup], Session]
+) -> tuple[Session, Screened | None]:
+    """``session``, or one over the model with its taken If branches inlined (see module),
+    with the screen's outcome on it where one was taken (``diagnose`` need not screen again)."""
     setup = session.setup
     if setup.target_model is not None or not top_level_ifs(setup.loaded.model):
-        return session  # two models pair tensors by name; inlining would break that
+        return session, None  # two models pair tensors by name; inlining would break that
     model, inlined = _inline_taken(session)
     if not inlined:
-        return session
+        return session, None
     taken = _describe(session, inlined)
-    symptom = _symptom(session)
+    screened = screen_session(session)
+    symptom = _symptom(screened)
     if symptom is None:
         session.notes.append(f"for these inputs {taken}")
-        return session
+        return session, screened
     loaded = load_model(model)
     loaded = replace(loaded, path=setup.loaded.path)
     note = (
         f"for these inputs {taken}; the taken branches were inlined so that their nodes are probed"
     )
     candidate = reopen(replace(setup, loaded=loaded, notes=(*setup.notes, note)))
-    if _symptom(candidate) == symptom:
-        return candidate
+    candidate_screened = screen_session(candidate)
+    if _symptom(candidate_screened) == symptom:
+        return candidate, candidate_screened
     session.notes.append(
         f"for these inputs {taken}; with the taken branches inlined the target no longer "
         f"{symptom}, so the problem needs the If itself (a branch not taken, or how the runtime "
         "handles control flow), and the If is diagnosed whole"
     )
-    return session
+    return session, screened
 
 
 def _inline_taken(session: Session) -> tuple[onnx.ModelProto, list[InlinedIf]]:
@@ -97,14 +102,11 @@ def _reference_conditions(
     return out
 
 
-def _symptom(session: Session) -> str | None:
-    """How the target goes wrong on the plain run: "diverges", "fails", or None."""
-    try:
-        return "diverges" if screen(session).diverged else None
-    except BackendError as exc:
-        if exc.role != "target":
-            raise
+def _symptom(screened: Screened) -> str | None:
+    """How the target went wrong on the plain run: "diverges", "fails", or None."""
+    if isinstance(screened, BackendError):
         return "fails"
+    return "diverges" if screened.diverged else None
 
 
 def _describe(session: Session, inlined: list[InlinedIf]) -> str:

@@ -37,7 +37,16 @@ from onnx_bisect.result import BackendInfo, BisectResult, Outcome, ReproInfo
 from onnx_bisect.transforms.apply import transformed
 from onnx_bisect.transforms.registry import TransformRecord
 
-__all__ = ["BackendLike", "Diagnosis", "diagnose", "open_session", "prepare", "to_result"]
+__all__ = [
+    "BackendLike",
+    "Diagnosis",
+    "Screened",
+    "diagnose",
+    "open_session",
+    "prepare",
+    "screen_session",
+    "to_result",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -130,7 +139,7 @@ FALLBACK_ABS_FLOOR = 1e-6
 def _in_order(tally: Mapping[str, T], first: tuple[str, ...]) -> dict[str, T]:
     """``tally`` with ``first`` leading: the float64 oracle runs in a thread, so when its
     entries land varies from run to run, and the report should not."""
-    return {k: tally[k] for k in (*[f for f in first if f in tally], *tally) if k in tally}
+    return {**{k: tally[k] for k in first if k in tally}, **tally}
 
 
 def _auto_criterion(session: Session, crit: Criterion) -> Criterion:
@@ -155,17 +164,29 @@ def _float64_or_none(session: Session) -> Float64Run | None:
         return None
 
 
-def diagnose(session: Session) -> Diagnosis:
-    """Screen; a crash goes to the crash search, a divergence to the chosen strategy."""
-    options = session.options
+Screened = Observed | BackendError
+
+
+def screen_session(session: Session) -> Screened:
+    """The plain runs of both backends. The target's error is returned, being a finding; the
+    reference's is raised, being a usage problem."""
     try:
         with session.timer.stage("screen"):
-            screened = screen(session)
+            return screen(session)
     except BackendError as exc:
-        # The target failing is a finding (the reference failing is a usage problem).
         if exc.role != "target":
             raise
-        return Diagnosis(None, failure_search(session, exc), diverged=True)
+        return exc
+
+
+def diagnose(session: Session, screened: Screened | None = None) -> Diagnosis:
+    """Screen (unless ``screened`` holds the outcome already); a failure goes to the failure
+    search, a divergence to the chosen strategy."""
+    options = session.options
+    if screened is None:
+        screened = screen_session(session)
+    if isinstance(screened, BackendError):
+        return Diagnosis(None, failure_search(session, screened), diverged=True)
     # After a transform the per-tensor picture is the point (fp16's error curve, proof that
     # no renamed tensor moved), so the scan runs even when the outputs agree.
     if not screened.diverged and not options.always_scan and not session.setup.transforms:
