@@ -42,12 +42,16 @@ def dump(
     *,
     inputs: Path | Mapping[str, npt.NDArray[Any]] | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
+    values: Mapping[str, float] | None = None,
+    ranges: Mapping[str, tuple[float, float]] | None = None,
     seed: int = 0,
     max_memory: int = DEFAULT_MAX_MEMORY,
 ) -> DumpResult:
     """Write every top-level tensor ``backend`` computes, plus the inputs and a manifest."""
     loaded = load_model(model)
-    feeds = make_feeds(loaded.model, inputs=inputs, shapes=shapes, seed=seed)
+    feeds = make_feeds(
+        loaded.model, inputs=inputs, shapes=shapes, values=values, ranges=ranges, seed=seed
+    )
     runner = create_backend(backend)
     directory = Path(out)
     directory.mkdir(parents=True, exist_ok=True)
@@ -57,9 +61,9 @@ def dump(
     def run(marked: onnx.ModelProto) -> Tensors:
         return timed_run(runner, marked, feeds, "target", stats)
 
-    for chunk, values in probe_runs(loaded.model, loaded.probes, sizes, max_memory, run):
+    for chunk, computed in probe_runs(loaded.model, loaded.probes, sizes, max_memory, run):
         for name in chunk:
-            np.save(directory / file_name(name), np.asarray(values[name]), allow_pickle=False)
+            np.save(directory / file_name(name), np.asarray(computed[name]), allow_pickle=False)
     save_npz(directory / INPUTS_FILE, feeds)
     manifest = {
         "model": str(loaded.path) if loaded.path else "<in-memory ModelProto>",

@@ -15,6 +15,7 @@ import onnx
 from onnx_bisect.compare.criterion import NOISE_EPS, NOISE_K, Criterion
 from onnx_bisect.compare.topk import TopKSpec, parse_topk
 from onnx_bisect.errors import InputError
+from onnx_bisect.inputs.values import check_fills
 
 __all__ = ["DEFAULT_MAX_MEMORY", "STRATEGIES", "BisectOptions", "ModelLike"]
 
@@ -29,6 +30,10 @@ class BisectOptions:
 
     inputs: Path | Mapping[str, npt.NDArray[Any]] | None = None
     shapes: Mapping[str, Sequence[int]] | None = None
+    # Generated inputs only: input name -> every element this constant (ints kept exact) ...
+    values: Mapping[str, float] | None = None
+    # ... or -> (low, high): floats uniform in [low, high), integers in [low, high] inclusive.
+    ranges: Mapping[str, tuple[float, float]] | None = None
     seed: int = 0
     metric: str = "rel_l2"
     threshold: float | str = "auto"
@@ -46,6 +51,10 @@ class BisectOptions:
     target_model: ModelLike | None = None
     topk: Sequence[str | TopKSpec] = ()
     command: str = ""
+
+    def __post_init__(self) -> None:
+        # What needs no model fails here, before anything loads; the rest in make_feeds.
+        check_fills(self.values, self.ranges)
 
     @property
     def auto_threshold(self) -> bool:

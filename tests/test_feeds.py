@@ -162,6 +162,11 @@ def test_shape_override_unknown_input() -> None:
         ("input:0=2x0", ("input:0", (2, 0))),
         ("x=7", ("x", (7,))),
         ("x= 1x2 ", ("x", (1, 2))),
+        # Polygraphy's --input-shapes form; names may hold colons, [] is a scalar.
+        ("images:[1,3,320,320]", ("images", (1, 3, 320, 320))),
+        ("input:0:[2, 0]", ("input:0", (2, 0))),
+        ("x:[7]", ("x", (7,))),
+        ("x:[]", ("x", ())),
     ],
 )
 def test_parse_shape(text: str, expected: tuple[str, tuple[int, ...]]) -> None:
@@ -171,11 +176,20 @@ def test_parse_shape(text: str, expected: tuple[str, tuple[int, ...]]) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("1x3x4", "--shape '1x3x4': expected NAME=1x3x640x640"),
-        ("=1x3", "--shape '=1x3': expected NAME=1x3x640x640"),
+        ("1x3x4", "--shape '1x3x4': expected NAME=1x3x640x640 or NAME:[1,3,640,640]"),
+        ("=1x3", "--shape '=1x3': expected NAME=1x3x640x640 or NAME:[1,3,640,640]"),
+        (":[1,3]", "--shape ':[1,3]': expected NAME=1x3x640x640 or NAME:[1,3,640,640]"),
         ("x=1xax3", "--shape 'x=1xax3': dims must be integers, e.g. x=1x3x640x640"),
         ("x=1.5x3", "--shape 'x=1.5x3': dims must be integers, e.g. x=1x3x640x640"),
-        ("x=-1x3", "--shape 'x=-1x3': dims must be >= 0"),
+        ("x:[1,,3]", "--shape 'x:[1,,3]': dims must be integers, e.g. x=1x3x640x640"),
+        (
+            "x=-1x3",
+            "--shape 'x=-1x3': dims must be >= 0 (where the model says -1, give the size)",
+        ),
+        (
+            "x:[-1,3]",
+            "--shape 'x:[-1,3]': dims must be >= 0 (where the model says -1, give the size)",
+        ),
     ],
 )
 def test_parse_shape_errors(text: str, message: str) -> None:
@@ -381,3 +395,171 @@ def test_save_npz_round_trips_names_numpy_savez_cannot(tmp_path: Path) -> None:
         for k, v in tensors.items():
             np.testing.assert_array_equal(z[k], v)
             assert z[k].shape == v.shape
+
+
+# --- dims declared as -1 or 0 ---------------------------------------------------------------
+
+
+def _declared(*dims: int | str) -> InputSpec:
+    m = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Identity", ["x"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(dims))],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(dims))],
+        )
+    )
+    (spec,) = input_specs(m)
+    return spec
+
+
+def test_minus_one_and_zero_dims_are_dynamic() -> None:
+    assert _declared(-1, 3, 0, "h", 5).dims == (None, 3, None, "h", 5)
+
+
+@pytest.mark.parametrize("batch", [-1, 0])
+def test_unnamed_batch_defaults_to_one_and_takes_any_size(batch: int) -> None:
+    spec = _declared(batch, 3, 8)
+    assert generate_feeds([spec])["x"].shape == (1, 3, 8)
+    assert generate_feeds([spec], {"x": (4, 3, 8)})["x"].shape == (4, 3, 8)
+    validate_feeds({"x": np.zeros((2, 3, 8), np.float32)}, [spec])
+
+
+def test_unnamed_dims_past_the_first_still_need_a_shape() -> None:
+    # PP-OCR cls: [-1, 3, ?, ?]; the batch gets 1, the image sides are the user's to give.
+    with pytest.raises(InputError) as err:
+        generate_feeds([_declared(-1, 3, "?", -1)])
+    assert str(err.value) == (
+        "input 'x' [?, 3, ?, ?] has dynamic dim 2 ('?'), dim 3 (unnamed); "
+        "set them with --shape x=1x3x?x?"
+    )
+
+
+# --- values and ranges ----------------------------------------------------------------------
+
+
+def test_default_values_are_what_the_seed_always_gave() -> None:
+    # The draws of earlier versions, restated: a seed must keep giving the same inputs.
+    rng = np.random.default_rng(5)
+    f = np.minimum(
+        rng.random((1, 3), dtype=np.float64).astype(np.float32),
+        np.nextafter(np.float32(1), np.float32(0)),
+    )
+    b = rng.random((1, 2)) < 0.5
+    i = rng.integers(0, 10, size=(1, 5)).astype(np.int64)
+    u = rng.integers(0, 256, size=(1, 4096)).astype(np.uint8)
+    s = rng.integers(-128, 128, size=(1, 4096)).astype(np.int8)
+    feeds = generate_feeds(input_specs(typed_inputs()), seed=5)
+    for name, want in zip("fbius", (f, b, i, u, s), strict=True):
+        np.testing.assert_array_equal(feeds[name], want)
+        assert feeds[name].dtype == want.dtype
+
+
+def test_constant_values() -> None:
+    feeds = generate_feeds(
+        input_specs(typed_inputs()),
+        values={"f": -2.5, "b": 1, "i": 16000, "u": 255, "s": -128, "h": float("nan")},
+    )
+    assert (feeds["f"] == -2.5).all() and feeds["f"].dtype == np.float32
+    assert feeds["b"].all() and feeds["b"].dtype == np.bool_
+    assert (feeds["i"] == 16000).all() and feeds["i"].dtype == np.int64
+    assert (feeds["u"] == 255).all() and (feeds["s"] == -128).all()
+    assert np.isnan(feeds["h"]).all()
+
+
+def test_an_int64_constant_is_exact() -> None:
+    spec = InputSpec("big", np.dtype(np.int64), (2,))
+    assert generate_feeds([spec], values={"big": 2**62 + 1})["big"].tolist() == [2**62 + 1] * 2
+
+
+def test_integer_ranges_include_both_ends() -> None:
+    spec = InputSpec("ids", np.dtype(np.int32), (2000,))
+    ids = generate_feeds([spec], ranges={"ids": (-3, 3)})["ids"]
+    assert ids.dtype == np.int32
+    assert set(np.unique(ids).tolist()) == set(range(-3, 4))
+
+
+def test_float_ranges_exclude_the_high_end_after_rounding() -> None:
+    # In float16, most of [2047, 2048) rounds to 2048; the promise is still [low, high).
+    spec = InputSpec("h", np.dtype(np.float16), (10_000,))
+    h = generate_feeds([spec], ranges={"h": (2047.0, 2048.0)})["h"]
+    assert h.min() >= 2047 and h.max() < 2048
+    spec = InputSpec("f", np.dtype(np.float32), (10_000,))
+    f = generate_feeds([spec], ranges={"f": (-1.0, 1.0)})["f"]
+    assert -1 <= f.min() < -0.99 and 0.99 < f.max() < 1
+
+
+def test_a_value_or_range_leaves_other_inputs_to_their_defaults() -> None:
+    feeds = generate_feeds(TWO, {"a": (3, 4), "mask": (3, 4)}, ranges={"a": (5.0, 6.0)})
+    assert feeds["a"].min() >= 5 and feeds["a"].max() < 6
+    assert feeds["mask"].dtype == np.bool_
+
+
+def test_a_range_of_one_value_is_a_constant() -> None:
+    spec = InputSpec("m", np.dtype(np.bool_), (10,))
+    assert not generate_feeds([spec], ranges={"m": (0, 0)})["m"].any()
+
+
+@pytest.mark.parametrize(
+    ("values", "ranges", "message"),
+    [
+        ({"i": 0.5}, None, "input 'i' is int64; the constant value 0.5 is not an integer"),
+        (
+            None,
+            {"i": (0, 2.5)},
+            "input 'i' is int64; the range 0,2.5 has a bound that is not an integer",
+        ),
+        ({"b": 2}, None, "input 'b' is bool; the constant value 2 is outside [0, 1]"),
+        ({"u": -1}, None, "input 'u' is uint8; the constant value -1 is outside [0, 255]"),
+        (None, {"s": (-200, 0)}, "input 's' is int8; the range -200,0 is outside [-128, 127]"),
+        ({"h": 1e5}, None, "input 'h' is float16; the constant value 100000.0 is beyond ±65504"),
+        (
+            None,
+            {"h": (1e-9, 2e-9)},
+            "input 'h' is float16; the range 1e-09,2e-09 holds no float16 value",
+        ),
+        (
+            {"z": 1},
+            {"y": (0, 1)},
+            "constant value or range for unknown input(s) y, z; model inputs are f, b, i, u, s, h",
+        ),
+        ({"f": 1}, {"f": (0, 1)}, "input(s) f given both a constant value and a range; give one"),
+        ({"f": "1"}, None, "constant value for input 'f' must be a number, not '1'"),
+        (None, {"f": (1, 0)}, "range for input 'f': low 1 is above high 0"),
+        (None, {"f": (0, float("inf"))}, "range for input 'f' must be finite, not 0,inf"),
+        (None, {"f": 1}, "range for input 'f' must be two numbers (low, high), not 1"),
+        ("f=1", None, "constant values must map input names to numbers, not 'f=1'"),
+    ],
+)
+def test_values_and_ranges_that_do_not_fit(
+    values: dict[str, float] | None, ranges: dict[str, tuple[float, float]] | None, message: str
+) -> None:
+    with pytest.raises(InputError) as err:
+        generate_feeds(input_specs(typed_inputs()), values=values, ranges=ranges)
+    assert str(err.value) == message
+
+
+def test_values_for_a_dtype_that_cannot_be_generated() -> None:
+    spec = InputSpec("text", np.dtype(object), (1,))
+    with pytest.raises(InputError) as err:
+        generate_feeds([spec], values={"text": 1})
+    assert str(err.value) == (
+        "input 'text' is object, which cannot be generated; give its values as inputs"
+    )
+
+
+def test_values_do_not_apply_to_given_inputs() -> None:
+    with pytest.raises(InputError) as err:
+        make_feeds(two_inputs(), inputs=_two_feeds(), values={"mask": 1}, ranges={"a": (0, 1)})
+    assert str(err.value) == (
+        "a constant value or range (for a, mask) applies to generated inputs only, and these "
+        "inputs are given; put the values in the given inputs instead"
+    )
+
+
+def test_options_check_values_without_a_model() -> None:
+    from onnx_bisect.options import BisectOptions
+
+    with pytest.raises(InputError, match="low 1 is above high 0"):
+        BisectOptions(ranges={"x": (1, 0)})
+    assert BisectOptions(values={"sr": 16000}, ranges={"x": (-1.0, 1.0)}).values == {"sr": 16000}

@@ -154,18 +154,18 @@ def _unsupported(tmp_path: Path) -> Path:
     return path
 
 
-def test_model_tract_cannot_run_is_a_one_line_error(tmp_path: Path) -> None:
+def test_model_tract_cannot_run_is_a_finding_at_the_node(tmp_path: Path) -> None:
     path = _unsupported(tmp_path)
     with pytest.raises(BackendError) as err:
         create_backend("tract").run(onnx.load(str(path)), {"x": np.eye(3, dtype=np.float32)})
     message = str(err.value)
     assert message.startswith("tract: ") and "Det" in message
     assert "\n" not in message and "Stack backtrace" not in message
+    # A target that cannot run the model is a finding localized to the node, not a usage error.
     res = runner.invoke(bisect_app, [str(path), "--target", "tract"])
-    assert res.exit_code == 2, res.output
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Det" in lines[0], res.stderr
-    assert "Traceback" not in res.output
+    assert res.exit_code == 1, res.output
+    assert "Root cause (unsupported): det" in res.stdout, res.stdout
+    assert "Unimplemented(Det)" in res.stdout and "Traceback" not in res.output
 
 
 def test_missing_input_is_named() -> None:

@@ -73,7 +73,8 @@ class ExecBackend(BackendBase):
             except FileNotFoundError:
                 raise BackendError(f"{self.spec.text}: command not found: {argv[0]}") from None
             except subprocess.TimeoutExpired:
-                raise BackendCrash(f"{self.spec.text}: timed out after {self.timeout}s") from None
+                hang = f"{self.spec.text}: timed out after {self.timeout:.3g} s"
+                raise BackendCrash(hang) from None
             if proc.returncode != 0:
                 status = _status(proc.returncode)
                 # Killed by a signal (segfault, abort) is a crash, not an error it reported.

@@ -7,7 +7,7 @@ import shlex
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -25,14 +25,19 @@ from onnx_bisect.cli.params import (
     MaxMemoryOpt,
     MetricName,
     ModelArg,
+    RangeOpt,
     RefOpt,
     SeedOpt,
     ShapeOpt,
     StrategyName,
     TargetOpt,
     ThresholdOpt,
+    ValueOpt,
+    by_input,
     parse_bytes,
+    parse_range,
     parse_threshold,
+    parse_value,
 )
 from onnx_bisect.inputs.feeds import parse_shape
 from onnx_bisect.report.files import check_formats, write_reports
@@ -51,6 +56,8 @@ def run_command(
     ] = None,
     input: InputOpt = None,
     shape: ShapeOpt = None,
+    value: ValueOpt = None,
+    range_: RangeOpt = None,
     seed: SeedOpt = DEFAULTS.seed,
     metric: Annotated[
         MetricName, typer.Option(help="Metric that decides divergence.")
@@ -118,9 +125,9 @@ def run_command(
         level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    command = shlex.join(["bisect", *_argv_of(model, ref, target, input, shape, out)])
+    per_input = {"--shape": shape, "--value": value, "--range": range_}
+    command = shlex.join(["bisect", *_argv_of(model, ref, target, input, out, per_input)])
     with user_errors(debug):
-        shapes = dict(parse_shape(s) for s in shape or [])
         formats = [f.strip() for f in format.split(",") if f.strip()]
         check_formats(formats)  # before the diagnosis, not after it
         result = run_bisect(
@@ -128,7 +135,7 @@ def run_command(
             ref=ref,
             target=target,
             inputs=input,
-            shapes=shapes,
+            **_generated(shape, value, range_),
             seed=seed,
             metric=str(metric.value if isinstance(metric, Enum) else metric),
             threshold=parse_threshold(threshold),
@@ -157,8 +164,24 @@ def run_command(
     raise typer.Exit(EXIT_DIVERGED if result.diverged else EXIT_MATCH)
 
 
+def _generated(
+    shape: list[str] | None, value: list[str] | None, range_: list[str] | None
+) -> dict[str, Any]:
+    """The options of generated inputs, from their flags, each input named once per flag."""
+    return {
+        "shapes": by_input("--shape", shape, parse_shape),
+        "values": by_input("--value", value, parse_value),
+        "ranges": by_input("--range", range_, parse_range),
+    }
+
+
 def _argv_of(
-    model: Path, ref: str, target: str, inp: Path | None, shape: list[str] | None, out: Path | None
+    model: Path,
+    ref: str,
+    target: str,
+    inp: Path | None,
+    out: Path | None,
+    per_input: dict[str, list[str] | None],
 ) -> list[str]:
     """Reconstruct the invocation for the report, whether called from a shell or a test."""
     if sys.argv and Path(sys.argv[0]).name in ("bisect", "onnx-bisect"):
@@ -166,8 +189,9 @@ def _argv_of(
     args = [str(model), "--ref", ref, "--target", target]
     if inp is not None:
         args += ["--input", str(inp)]
-    for s in shape or []:
-        args += ["--shape", s]
+    for flag, texts in per_input.items():
+        for text in texts or []:
+            args += [flag, text]
     if out is not None:
         args += ["--out", str(out)]
     return args
@@ -180,16 +204,17 @@ def reduce_command(
     ref: RefOpt = "cpu",
     input: InputOpt = None,
     shape: ShapeOpt = None,
+    value: ValueOpt = None,
+    range_: RangeOpt = None,
     seed: SeedOpt = DEFAULTS.seed,
     threshold: ThresholdOpt = THRESHOLD_TEXT,
     debug: DebugOpt = False,
 ) -> None:
     """Write a minimal, verified repro bundle for MODEL to OUT (no reports)."""
     with user_errors(debug):
-        shapes = dict(parse_shape(s) for s in shape or [])
         result = run_bisect(
-            model, ref=ref, target=target, inputs=input, shapes=shapes, seed=seed,
-            threshold=parse_threshold(threshold), repro=out,
+            model, ref=ref, target=target, inputs=input, **_generated(shape, value, range_),
+            seed=seed, threshold=parse_threshold(threshold), repro=out,
         )  # fmt: skip
     console = stdout()
     if result.repro is None:
@@ -224,6 +249,8 @@ def dump_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write.")],
     input: InputOpt = None,
     shape: ShapeOpt = None,
+    value: ValueOpt = None,
+    range_: RangeOpt = None,
     seed: SeedOpt = DEFAULTS.seed,
     max_memory: MaxMemoryOpt = MAX_MEMORY_TEXT,
     debug: DebugOpt = False,
@@ -232,9 +259,8 @@ def dump_command(
     from onnx_bisect.dumper import dump
 
     with user_errors(debug):
-        shapes = dict(parse_shape(s) for s in shape or [])
         done = dump(
-            model, backend, out, inputs=input, shapes=shapes, seed=seed,
+            model, backend, out, inputs=input, **_generated(shape, value, range_), seed=seed,
             max_memory=parse_bytes(max_memory),
         )  # fmt: skip
     stdout().print(f"{done.tensors} tensors from {backend} in {done.path}/ ({done.runs} run(s))")

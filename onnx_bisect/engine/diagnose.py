@@ -91,6 +91,8 @@ def prepare(
             inputs=Path(inputs) if isinstance(inputs, str) else inputs,
             shapes=options.shapes,
             seed=options.seed,
+            values=options.values,
+            ranges=options.ranges,
         )
         other = load_model(options.target_model) if options.target_model is not None else None
         label = str(other.path or IN_MEMORY) if other else ""

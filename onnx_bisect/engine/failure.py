@@ -11,6 +11,7 @@ only in the context of the graph before it, and the report says so.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 
 from onnx_bisect.engine.cut import search_info
@@ -29,6 +30,8 @@ from onnx_bisect.result import CauseKind, NodeResult, RootCause, SearchInfo, Ver
 __all__ = ["failure_search"]
 
 log = logging.getLogger(__name__)
+
+_TIMED_OUT = re.compile(r"timed out after [0-9.]+\s*s")
 
 
 def failure_search(session: Session, failure: BackendError) -> Found:
@@ -68,10 +71,12 @@ def failure_search(session: Session, failure: BackendError) -> Found:
         s.notes.append("failures were not monotone along the order; a linear pass decided")
     search = search_info(outcome, f"the target {_did(crash)} on the full model", node)
     if crash:
+        hang = _TIMED_OUT.search(message)
+        how = f"hangs ({hang.group(0)})" if hang else "crashes"
         cause = RootCause(
             CauseKind.CRASH,
             (node.name,),
-            f"the target crashes whenever {node.op_type} {node.name!r} is in the model, and "
+            f"the target {how} whenever {node.op_type} {node.name!r} is in the model, and "
             "runs every smaller prefix of the graph",
             message,
         )

@@ -89,7 +89,21 @@ def _load_path(path: Path, notes: list[str]) -> onnx.ModelProto:
     return proto
 
 
+def _clear_unknown_dims(graph: onnx.GraphProto, notes: list[str]) -> None:
+    """Exporters write an unknown dim as dim_value -1 or 0 too; runtimes hold a declared 0 to
+    be 0 (onnxruntime rejects any other size), so both become plain dynamic dims."""
+    cleared = 0
+    for vi in (*graph.input, *graph.output):
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value") and d.dim_value <= 0:
+                d.Clear()
+                cleared += 1
+    if cleared:
+        notes.append(f"{cleared} input/output dim(s) declared as -1 or 0 were taken as dynamic")
+
+
 def _infer_shapes(proto: onnx.ModelProto, path: Path | None, notes: list[str]) -> onnx.ModelProto:
+    _clear_unknown_dims(proto.graph, notes)
     try:
         if proto.ByteSize() < PROTO_LIMIT:
             return onnx.shape_inference.infer_shapes(proto, data_prop=True)

@@ -1,20 +1,24 @@
-"""Input tensors: seeded generation from the model signature, loading from files, validation."""
+"""Input tensors for a run: generated from the model's signature, or loaded from files; and
+validated against the signature before any backend sees them."""
 
 from __future__ import annotations
 
 import re
 import zipfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from onnx_bisect.errors import InputError
+from onnx_bisect.inputs.shapes import parse_shape, resolve_shape
+from onnx_bisect.inputs.signature import Dim, InputSpec, format_dims, input_specs
+from onnx_bisect.inputs.values import Ranges, Values, draw, fills_for
 
+# Dim, InputSpec, input_specs and parse_shape are re-exported: callers import them from here.
 __all__ = [
     "Dim",
     "InputSpec",
@@ -30,94 +34,16 @@ __all__ = [
 Feeds = dict[str, npt.NDArray[np.generic]]
 
 
-Dim = int | str | None
-
-
-# Dynamic dims with these names are batch-like, and 1 is the answer nobody needs to type.
-_BATCH = re.compile(r"^(n|b|bs|batch|batch_?size|batches|num_?batch(es)?|unk__\d+_batch)$", re.I)
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    name: str
-    dtype: np.dtype[np.generic]
-    dims: tuple[Dim, ...]
-
-
-def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
-    inits = {t.name for t in model.graph.initializer}
-    specs = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        tt = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type"):
-            raise InputError(f"input {vi.name!r} is not a tensor; only tensor inputs are supported")
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
-        dims: tuple[Dim, ...] = tuple(
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim
-        )
-        specs.append(InputSpec(vi.name, dtype, dims))
-    return specs
-
-
-def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    """``images=1x3x640x640`` (also ``,`` as separator) -> ("images", (1, 3, 640, 640))."""
-    name, sep, dims = text.rpartition("=")
-    if not sep or not name:
-        raise InputError(f"--shape {text!r}: expected NAME=1x3x640x640")
-    try:
-        shape = tuple(int(d) for d in re.split(r"[x,]", dims.strip()))
-    except ValueError:
-        raise InputError(
-            f"--shape {text!r}: dims must be integers, e.g. {name}=1x3x640x640"
-        ) from None
-    if any(d < 0 for d in shape):
-        raise InputError(f"--shape {text!r}: dims must be >= 0")
-    return name, shape
-
-
-def _resolve_shape(spec: InputSpec, given: Sequence[int] | None) -> tuple[int, ...]:
-    if given is not None:
-        if len(given) != len(spec.dims):
-            raise InputError(
-                f"--shape {spec.name}: rank {len(given)} but the model's input has rank "
-                f"{len(spec.dims)} {_fmt_dims(spec.dims)}"
-            )
-        for i, (want, got) in enumerate(zip(spec.dims, given, strict=True)):
-            if isinstance(want, int) and want != got:
-                raise InputError(
-                    f"--shape {spec.name}: dim {i} is {got} but the model fixes it to {want}"
-                )
-        return tuple(given)
-    shape: list[int] = []
-    unset: list[str] = []
-    for i, d in enumerate(spec.dims):
-        if isinstance(d, int):
-            shape.append(d)
-        elif isinstance(d, str) and _BATCH.match(d):
-            shape.append(1)
-        else:
-            unset.append(f"dim {i} ({d!r})" if d else f"dim {i} (unnamed)")
-            shape.append(-1)
-    if unset:
-        example = "x".join(str(s) if s >= 0 else "?" for s in shape)
-        raise InputError(
-            f"input {spec.name!r} {_fmt_dims(spec.dims)} has dynamic {', '.join(unset)}; "
-            f"set them with --shape {spec.name}={example}"
-        )
-    return tuple(shape)
-
-
-def _fmt_dims(dims: Sequence[Dim]) -> str:
-    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
-
-
 def generate_feeds(
-    specs: Sequence[InputSpec], shapes: Mapping[str, Sequence[int]] | None = None, seed: int = 0
+    specs: Sequence[InputSpec],
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    seed: int = 0,
+    *,
+    values: Values | None = None,
+    ranges: Ranges | None = None,
 ) -> Feeds:
-    """Seeded random inputs. Floats are uniform in [0, 1): image-like and safe for log/sqrt.
-    Integers are small non-negative values (valid indices and token ids for most models)."""
+    """Seeded inputs: each input holds its dtype's default values (``values.default_fill``),
+    or the constant ``values[name]``, or values in ``ranges[name]``."""
     shapes = dict(shapes or {})
     unknown = sorted(set(shapes) - {s.name for s in specs})
     if unknown:
@@ -125,27 +51,17 @@ def generate_feeds(
             f"--shape names unknown input(s) {', '.join(unknown)}; model inputs are "
             f"{', '.join(s.name for s in specs)}"
         )
+    fills = fills_for(specs, values, ranges)
     rng = np.random.default_rng(seed)
     feeds: Feeds = {}
     for spec in specs:
-        shape = _resolve_shape(spec, shapes.get(spec.name))
-        dt = spec.dtype
-        if dt == np.bool_:
-            feeds[spec.name] = rng.random(shape) < 0.5
-        elif np.issubdtype(dt, np.integer):
-            # Byte types are pixels or quantized values and use their full range.
-            lo, hi = 0, 10
-            if dt.itemsize == 1:
-                info = np.iinfo(dt.type)  # type: ignore[type-var]
-                lo, hi = int(info.min), int(info.max) + 1
-            feeds[spec.name] = rng.integers(lo, hi, size=shape).astype(dt)
-        elif np.issubdtype(dt, np.floating):
-            values = rng.random(shape, dtype=np.float64).astype(dt)
-            # Rounding to a narrow float can reach 1.0; keep the promised [0, 1).
-            below_one = np.nextafter(dt.type(1), dt.type(0))
-            feeds[spec.name] = np.minimum(values, below_one)
-        else:
-            raise InputError(f"input {spec.name!r} has dtype {dt}, which cannot be generated")
+        shape = resolve_shape(spec, shapes.get(spec.name))
+        fill = fills[spec.name]
+        if fill is None:
+            raise InputError(
+                f"input {spec.name!r} has dtype {spec.dtype}, which cannot be generated"
+            )
+        feeds[spec.name] = draw(rng, spec.dtype, shape, fill)
     return feeds
 
 
@@ -216,13 +132,13 @@ def validate_feeds(
         if arr.ndim != len(spec.dims):
             raise InputError(
                 f"input {spec.name!r} has shape {tuple(arr.shape)} (rank {arr.ndim}) but the model "
-                f"expects rank {len(spec.dims)} {_fmt_dims(spec.dims)}"
+                f"expects rank {len(spec.dims)} {format_dims(spec.dims)}"
             )
         for i, (want, got) in enumerate(zip(spec.dims, arr.shape, strict=True)):
             if isinstance(want, int) and want != got:
                 raise InputError(
                     f"input {spec.name!r} has shape {tuple(arr.shape)} but dim {i} must be {want} "
-                    f"{_fmt_dims(spec.dims)}"
+                    f"{format_dims(spec.dims)}"
                 )
 
 
@@ -232,6 +148,8 @@ def make_feeds(
     inputs: Path | Mapping[str, npt.NDArray[np.generic]] | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
+    values: Values | None = None,
+    ranges: Ranges | None = None,
 ) -> Feeds:
     """The feeds a run uses: loaded or given when ``inputs`` is set, else generated; validated."""
     specs = input_specs(model)
@@ -240,8 +158,15 @@ def make_feeds(
             "--shape applies to generated inputs only; the shapes of --input tensors are used "
             "as they are (drop --shape)"
         )
+    if inputs is not None and (values or ranges):
+        # Given inputs must hold every input (see validate_feeds), so nothing is left to fill.
+        named = ", ".join(sorted({*(values or {}), *(ranges or {})}))
+        raise InputError(
+            f"a constant value or range (for {named}) applies to generated inputs only, and "
+            "these inputs are given; put the values in the given inputs instead"
+        )
     if inputs is None:
-        feeds = generate_feeds(specs, shapes, seed)
+        feeds = generate_feeds(specs, shapes, seed, values=values, ranges=ranges)
     elif isinstance(inputs, Path):
         feeds = load_feeds(inputs, specs)
     else:
