@@ -39,7 +39,9 @@ from onnx import helper
 
 def plant_fault(model: onnx.ModelProto, node_name: str, factor: float) -> onnx.ModelProto:
     """A copy of ``model`` whose node ``node_name`` outputs (1 + factor) × the right value,
-    wherever it is: in the main graph or inside an If branch or a Loop/Scan body."""
+    wherever it is: in the main graph or inside an If branch or a Loop/Scan body, and in every
+    iteration of a Loop onnx-bisect unrolled (``{loop}/iteration_{i}/{node_name}``), as a
+    kernel bug would."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     _plant(out.graph, node_name, factor)
@@ -47,14 +49,15 @@ def plant_fault(model: onnx.ModelProto, node_name: str, factor: float) -> onnx.M
 
 
 def _plant(graph: onnx.GraphProto, node_name: str, factor: float) -> None:
-    extra = []
+    nodes = []
     for node in graph.node:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
                 _plant(attr.g, node_name, factor)
             for sub in attr.graphs:
                 _plant(sub, node_name, factor)
-        if node.name != node_name:
+        nodes.append(node)
+        if not _is(node.name, node_name):
             continue
         for i, name in enumerate(node.output):
             if not name:
@@ -62,9 +65,19 @@ def _plant(graph: onnx.GraphProto, node_name: str, factor: float) -> None:
             raw = f"{name}__unfaulted"
             node.output[i] = raw
             scale = f"{name}__fault_scale"
-            extra.append(helper.make_node("Constant", [], [scale], value=_scalar(factor)))
-            extra.append(helper.make_node("Mul", [raw, scale], [name], name=f"{node_name}__fault"))
-    graph.node.extend(extra)
+            # Right after the node: a body graph must stay in topological order.
+            nodes.append(helper.make_node("Constant", [], [scale], value=_scalar(factor)))
+            nodes.append(helper.make_node("Mul", [raw, scale], [name], name=f"{node.name}__fault"))
+    copies = [onnx.NodeProto() for _ in nodes]
+    for copy, node in zip(copies, nodes, strict=True):
+        copy.CopyFrom(node)
+    del graph.node[:]
+    graph.node.extend(copies)
+
+
+def _is(name: str, wanted: str) -> bool:
+    head, sep, tail = name.rpartition("/iteration_")
+    return name == wanted or bool(head and sep and tail.partition("/")[2] == wanted)
 
 
 def silu_pattern_present(model: onnx.ModelProto, mul_name: str) -> bool:

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from onnx_bisect.engine.branches import with_branches_inlined
+from onnx_bisect.engine.control_flow import with_control_flow_inlined
 from onnx_bisect.engine.diagnose import (
     BackendLike,
     diagnose,
@@ -56,6 +56,8 @@ def bisect(
       tensors by name and leaving out names whose meaning changed.
     - ``topk``: task-level checks on the final outputs (``"5:logits"``), reported only.
     - ``repro``: a directory for a minimal repro bundle, written and verified on divergence.
+    - ``unroll_max``: a Loop running at most this many iterations for these inputs is
+      unrolled, so its body's nodes are probed and can be named (default 64).
     - ``max_memory``: bytes of probe outputs one run may hold; ``command``: for the report.
 
     Raises ``OnnxBisectError`` subclasses for bad input and unusable backends.
@@ -66,7 +68,7 @@ def bisect(
     setup, feeds = prepare(model, ref, target, opts, timer)
     with scratch_dir() as scratch:
         session = open_session(setup, feeds, scratch, timer)
-        session, screened = with_branches_inlined(
+        session, screened = with_control_flow_inlined(
             session, lambda inlined: open_session(inlined, feeds, scratch, timer)
         )
         diagnosis = diagnose(session, screened)

@@ -50,11 +50,14 @@ class BisectOptions:
     repro: str | os.PathLike[str] | None = None
     target_model: ModelLike | None = None
     topk: Sequence[str | TopKSpec] = ()
+    unroll_max: int = 64
     command: str = ""
 
     def __post_init__(self) -> None:
         # What needs no model fails here, before anything loads; the rest in make_feeds.
         check_fills(self.values, self.ranges)
+        if not isinstance(self.unroll_max, int) or self.unroll_max < 0:
+            raise InputError(f"unroll_max must be an integer >= 0, got {self.unroll_max!r}")
 
     @property
     def auto_threshold(self) -> bool:

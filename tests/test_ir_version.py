@@ -178,3 +178,14 @@ def test_other_failures_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(BackendError, match="NoSuchOp"):
         backend.run(model, {"x": X})
     assert (opened, backend.highest_ir, backend.notes()) == ([10], None, [])
+
+
+def test_a_sandboxed_backend_keeps_the_childs_notes() -> None:
+    # The lowering happens in the child process; its note must still reach the report.
+    from onnx_bisect.backends.sandbox import SandboxBackend
+    from onnx_bisect.backends.spec import parse_spec
+
+    backend = SandboxBackend(parse_spec("cpu"))
+    out = backend.run(exp_model(99), {"x": X})
+    np.testing.assert_allclose(out["y"], np.exp(X), rtol=1e-6)
+    assert any("lowered from IR 99" in n for n in backend.notes()), backend.notes()

@@ -574,3 +574,19 @@ def test_float64_reference_through_onnx_bisect(tmp_path: Path) -> None:
     proc = run(bundle)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("reference  ref?dtype=float64: matches expected outputs")
+
+
+def test_a_model_at_a_newer_ir_version_runs_lowered(
+    tmp_path: Path, no_bisect: dict[str, str]
+) -> None:
+    # onnxruntime refuses IR versions above the one it reads (1.32 reads 14): a copy lowered
+    # to that runs when the model's opsets need no more.
+    bundle = write_bundle(tmp_path / "b", matmul_relu(), {"file": X}, tamper=1.05)
+    model = onnx.load(str(bundle / "model.onnx"))
+    model.ir_version = 99
+    onnx.save(model, bundle / "model.onnx")
+    proc = run(bundle, env=no_bisect)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "REPRODUCED" in proc.stdout
+    assert "ran a copy of model.onnx lowered from IR 99" in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "[W:onnxruntime" not in proc.stderr

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from onnx_bisect.backends.exec import NOTE_PREFIX
+from onnx_bisect.backends.protocol import BackendBase
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.backends.spec import parse_spec
 from onnx_bisect.errors import OnnxBisectError
@@ -34,6 +36,9 @@ def main(argv: list[str]) -> int:
         with np.load(inputs, allow_pickle=False) as z:
             feeds = {k: z[k] for k in z.files}
         save_npz(Path(outputs), backend.run(model, feeds))
+        notes = backend.notes() if isinstance(backend, BackendBase) else []
+        for note in notes:  # the parent puts them in the report
+            print(f"{NOTE_PREFIX} {note}", file=sys.stderr)
     except OnnxBisectError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3

@@ -26,10 +26,13 @@ from onnx_bisect.errors import BackendCrash, BackendError, SpecError
 from onnx_bisect.graph.save import save_model
 from onnx_bisect.inputs.feeds import save_npz
 
-__all__ = ["ExecBackend", "PLACEHOLDERS"]
+__all__ = ["NOTE_PREFIX", "ExecBackend", "PLACEHOLDERS"]
 
 
 PLACEHOLDERS = ("{model}", "{inputs}", "{outputs}")
+# A stderr line of a successful run that starts with this becomes a note in the report (a
+# lowered IR version, a fallback the runtime took): what the user should know about the run.
+NOTE_PREFIX = "onnx-bisect-note:"
 
 
 _STDERR_TAIL = 5
@@ -88,6 +91,9 @@ class ExecBackend(BackendBase):
                 raise BackendError(
                     f"{self.spec.text}: exited 0 but wrote no {out_path.name}: {_tail(proc.stderr)}"
                 )
+            for line in _text(proc.stderr).splitlines():
+                if line.startswith(NOTE_PREFIX):
+                    self._note(line.removeprefix(NOTE_PREFIX).strip(), once=True)
             with np.load(out_path, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}
 

@@ -98,6 +98,14 @@ def run_command(
     always_scan: Annotated[
         bool, typer.Option(help="Scan and isolate even when the final outputs agree.")
     ] = DEFAULTS.always_scan,
+    unroll_max: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Unroll a Loop that runs at most this many iterations for these inputs, so "
+            "its body's nodes are probed and can be named.",
+        ),
+    ] = DEFAULTS.unroll_max,
     topk: Annotated[
         list[str] | None,
         typer.Option(
@@ -147,6 +155,7 @@ def run_command(
             always_scan=always_scan,
             target_model=target_model,
             topk=topk or (),
+            unroll_max=unroll_max,
             repro=out / "repro" if repro and out is not None else None,
             isolate_crashes=isolate_crashes,
             timeout=timeout,

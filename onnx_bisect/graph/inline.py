@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
+from onnx_bisect.graph.rename import fresh, rename_node, tensor_names
+
 __all__ = ["InlinedIf", "inline_branches", "top_level_ifs"]
 
 
@@ -43,7 +45,7 @@ def inline_branches(
     out.CopyFrom(model)
     graph = out.graph
     node_names = {n.name for n in graph.node}
-    tensors = _tensor_names(graph)
+    tensors = tensor_names(graph)
     inlined: list[InlinedIf] = []
     new_nodes: list[onnx.NodeProto] = []
     for node in graph.node:
@@ -77,18 +79,13 @@ def _inline(
         if name in outputs and outputs[name]:
             rename[name] = outputs[name]  # downstream reads the If's output names
         elif name in tensors:
-            rename[name] = _fresh(prefix + name, tensors)
+            rename[name] = fresh(prefix + name, tensors)
         tensors.add(rename.get(name, name))
     nodes: list[onnx.NodeProto] = []
     for n in body.node:
-        copy = onnx.NodeProto()
-        copy.CopyFrom(n)
-        for i, t in enumerate(copy.input):
-            copy.input[i] = rename.get(t, t)
-        for i, t in enumerate(copy.output):
-            copy.output[i] = rename.get(t, t)
+        copy = rename_node(n, rename)
         base = copy.name or f"{copy.op_type}_{len(nodes)}"
-        copy.name = base if base not in node_names else _fresh(prefix + base, node_names)
+        copy.name = base if base not in node_names else fresh(prefix + base, node_names)
         node_names.add(copy.name)
         nodes.append(copy)
     inits = []
@@ -101,22 +98,7 @@ def _inline(
     # through) still has to appear under the If's output name.
     for body_out, if_out in outputs.items():
         if if_out and body_out not in rename:
-            name = _fresh(f"{prefix}Identity_{if_out}", node_names)
+            name = fresh(f"{prefix}Identity_{if_out}", node_names)
             node_names.add(name)
             nodes.append(helper.make_node("Identity", [body_out], [if_out], name=name))
     return nodes, inits
-
-
-def _fresh(name: str, taken: set[str]) -> str:
-    if name not in taken:
-        return name
-    i = 1
-    while f"{name}_{i}" in taken:
-        i += 1
-    return f"{name}_{i}"
-
-
-def _tensor_names(graph: onnx.GraphProto) -> set[str]:
-    names = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    names |= {o for n in graph.node for o in n.output}
-    return names

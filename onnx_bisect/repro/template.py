@@ -284,20 +284,57 @@ def _ort_runner(spec: Spec) -> Runner:
     def run(model_path: Path, model: onnx.ModelProto, feeds: Tensors) -> Tensors:
         options = ort.SessionOptions()
         options.graph_optimization_level = level
-        options.log_severity_level = 3
+        options.log_severity_level = 4  # errors come back as exceptions; no native log lines
         if threads:
             options.intra_op_num_threads = threads
         kwargs: dict[str, Any] = {"providers": providers}
         if disabled:
             # ONNX Runtime silently ignores optimizer names it does not know.
             kwargs["disabled_optimizers"] = disabled
-        session = ort.InferenceSession(str(model_path), options, **kwargs)
+        try:
+            session = ort.InferenceSession(str(model_path), options, **kwargs)
+        except Exception as exc:
+            # onnx saves newer IR versions than an installed onnxruntime may read; a copy that
+            # declares the highest it reads runs when the model's opsets allow it.
+            copy = _lowered_ir(model, str(exc), f"onnxruntime {ort.__version__}")
+            if copy is None:
+                raise
+            session = ort.InferenceSession(copy.SerializeToString(), options, **kwargs)
         names = [o.name for o in session.get_outputs()]
         wanted = {i.name for i in session.get_inputs()}
         values = session.run(names, {k: v for k, v in feeds.items() if k in wanted})
         return dict(zip(names, values, strict=True))
 
     return run
+
+
+_IR_REFUSED = re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)")
+
+
+def _lowered_ir(model: onnx.ModelProto, error: str, runtime: str) -> onnx.ModelProto | None:
+    """A copy of ``model`` at the IR version the runtime's ``error`` says it reads, when the
+    model's ONNX opsets need no more; None otherwise."""
+    match = _IR_REFUSED.search(error)
+    if match is None:
+        return None
+    highest = int(match.group(2))
+    known = {d for d, _ in onnx.helper.OP_SET_ID_VERSION_MAP}
+    opsets = [o for o in model.opset_import if (o.domain or "ai.onnx") in known]
+    try:
+        needed = onnx.helper.find_min_ir_version_for(opsets) if opsets else 3
+    except ValueError:
+        return None
+    if needed > highest:
+        return None
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    copy.ir_version = highest
+    print(
+        f"note: {runtime} reads IR versions up to {highest}; ran a copy "
+        f"of model.onnx lowered from IR {model.ir_version}",
+        file=sys.stderr,
+    )
+    return copy
 
 
 def _ref_runner(spec: Spec) -> Runner:
