@@ -228,3 +228,100 @@ def test_unrolling_renames_what_a_nested_if_reads_from_the_body() -> None:
     reads = {n.input[0] for i in ifs for a in i.attribute for n in a.g.node}
     assert reads == {f"loop/iteration_{i}/scaled" for i in range(3)}
     np.testing.assert_allclose(_run(model)[0], _run(flat)[0], rtol=1e-6)
+
+
+def scan_model(reverse_in: bool = False, axis_out: int = 0, axis_in: int = 0) -> onnx.ModelProto:
+    """s = 0.9 s + x_t over the rows (axis_in 0) or columns (1) of xs; ys stacks tanh(s)."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Mul", ["s_in", "w"], ["decayed"], name="decay"),
+            helper.make_node("Add", ["decayed", "x_t"], ["s_out"], name="accumulate"),
+            helper.make_node("Tanh", ["s_out"], ["y_t"], name="squash"),
+        ],
+        "scan_body",
+        [
+            helper.make_tensor_value_info("s_in", T.FLOAT, [4]),
+            helper.make_tensor_value_info("x_t", T.FLOAT, [4]),
+        ],
+        [
+            helper.make_tensor_value_info("s_out", T.FLOAT, [4]),
+            helper.make_tensor_value_info("y_t", T.FLOAT, [4]),
+        ],
+        initializer=[numpy_helper.from_array(np.array(0.9, np.float32), "w")],
+    )
+    xs_shape = [3, 4] if axis_in == 0 else [4, 3]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["xs"], ["r"], name="pre"),
+            helper.make_node(
+                "Scan",
+                ["s0", "r"],
+                ["s_final", "ys"],
+                body=body,
+                name="scan",
+                num_scan_inputs=1,
+                scan_input_directions=[int(reverse_in)],
+                scan_input_axes=[axis_in],
+                scan_output_axes=[axis_out],
+            ),  # fmt: skip
+            helper.make_node("Sigmoid", ["s_final"], ["y"], name="post"),
+        ],
+        "scan_model",
+        [helper.make_tensor_value_info("xs", T.FLOAT, xs_shape)],
+        [
+            helper.make_tensor_value_info("y", T.FLOAT, [4]),
+            helper.make_tensor_value_info("ys", T.FLOAT, None),
+        ],
+        initializer=[numpy_helper.from_array(np.full(4, 0.5, np.float32), "s0")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+XS = {"xs": np.arange(12, dtype=np.float32).reshape(3, 4) / 7 - 0.5}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "feeds"),
+    [
+        ({}, XS),
+        ({"reverse_in": True}, XS),
+        ({"axis_out": 1}, XS),
+        ({"axis_out": -1}, XS),
+        ({"axis_in": 1, "reverse_in": True}, {"xs": XS["xs"].T.copy()}),
+    ],
+    ids=["forward", "reverse", "axis-out-1", "axis-out-neg", "axis-in-1"],
+)
+def test_scan_unrolling_keeps_every_output(kwargs: dict, feeds: dict) -> None:
+    from onnx_bisect.graph.unroll import scan_plan, unroll_scans
+
+    model = scan_model(**kwargs)
+    node = next(n for n in model.graph.node if n.op_type == "Scan")
+    plan = scan_plan(node, [2], [2], 3)
+    flat, unrolled = unroll_scans(model, {"scan": plan})
+    assert [(u.node, u.iterations) for u in unrolled] == [("scan", 3)]
+    assert not any(n.op_type == "Scan" for n in flat.graph.node)
+
+    def outputs(m: onnx.ModelProto) -> list[np.ndarray]:
+        return ort.InferenceSession(m.SerializeToString()).run(None, feeds)  # type: ignore[return-value]
+
+    for before, after in zip(outputs(model), outputs(flat), strict=True):
+        assert before.shape == after.shape
+        np.testing.assert_allclose(before, after, rtol=1e-6)
+
+
+def test_a_fault_in_a_scan_body_is_named_at_the_body_node() -> None:
+    result = onnx_bisect.bisect(scan_model(), target=FaultyBackend("squash", 0.05), inputs=XS)
+    assert result.verdict == "diverged"
+    assert result.root_cause is not None and result.root_cause.kind is CauseKind.CULPRIT
+    assert result.root_cause.nodes == ("scan/iteration_0/squash",)
+    assert any("Scan 'scan' ran 3 iterations" in n for n in result.notes)
+
+
+def test_a_scan_beyond_unroll_max_stays_whole() -> None:
+    result = onnx_bisect.bisect(
+        scan_model(), target=FaultyBackend("squash", 0.05), inputs=XS, unroll_max=2
+    )
+    assert result.root_cause is not None and result.root_cause.nodes == ("scan",)
+    assert any("Scan 'scan' runs 3 iterations, more than 2" in n for n in result.notes)

@@ -30,7 +30,15 @@ from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.extract import with_outputs
 from onnx_bisect.graph.inline import InlinedIf, inline_branches, top_level_ifs
 from onnx_bisect.graph.load import load_model
-from onnx_bisect.graph.unroll import UnrolledLoop, top_level_loops, unroll_loops
+from onnx_bisect.graph.unroll import (
+    ScanPlan,
+    UnrolledLoop,
+    scan_plan,
+    top_level_loops,
+    top_level_scans,
+    unroll_loops,
+    unroll_scans,
+)
 
 __all__ = ["MAX_DEPTH", "with_control_flow_inlined"]
 
@@ -58,7 +66,8 @@ def with_control_flow_inlined(
     screen's outcome on it where one was taken (``diagnose`` need not screen again)."""
     setup = session.setup
     model = setup.loaded.model
-    if setup.target_model is not None or not (top_level_ifs(model) or top_level_loops(model)):
+    flow = top_level_ifs(model) or top_level_loops(model) or top_level_scans(model)
+    if setup.target_model is not None or not flow:
         return session, None  # two models pair tensors by name; inlining would break that
     done = _inline(session)
     session.notes.extend(done.whole.values())
@@ -92,14 +101,17 @@ def _inline(session: Session) -> _Inlined:
     for _ in range(MAX_DEPTH):
         ifs = top_level_ifs(done.model)
         loops = {k: v for k, v in top_level_loops(done.model).items() if k not in done.whole}
+        scans = {k: v for k, v in top_level_scans(done.model).items() if k not in done.whole}
         conditions = _if_conditions(session, done.model, ifs) if ifs else {}
         counts = _loop_counts(session, done.model, loops, unroll_max, done.whole)
-        if not conditions and not counts:
+        plans = _scan_plans(session, done.model, scans, unroll_max, done.whole)
+        if not conditions and not counts and not plans:
             break
         done.model, inlined = inline_branches(done.model, conditions)
         done.model, unrolled = unroll_loops(done.model, counts)
+        done.model, scanned = unroll_scans(done.model, plans)
         done.ifs += inlined
-        done.loops += unrolled
+        done.loops += unrolled + scanned
     return done
 
 
@@ -182,6 +194,55 @@ def _loop_counts(
     return counts
 
 
+def _scan_plans(
+    session: Session,
+    model: onnx.ModelProto,
+    scans: dict[str, onnx.NodeProto],
+    unroll_max: int,
+    whole: dict[str, str],
+) -> dict[str, ScanPlan]:
+    """Each Scan's plan for these inputs, from the reference's values of its scan inputs (the
+    sequence length, the ranks) and of its scan outputs (their ranks)."""
+    if not scans:
+        return {}
+    wanted = []
+    for node in scans.values():
+        m = _scan_inputs(node)
+        wanted += [*node.input[len(node.input) - m :], *node.output[len(node.input) - m :]]
+    values = _reference_values(session, model, sorted({w for w in wanted if w}))
+    plans = {}
+    for name, node in scans.items():
+        m = _scan_inputs(node)
+        n = len(node.input) - m
+        sources = [values.get(t) for t in node.input[n:]]
+        results = [values.get(t) if t else np.zeros(1) for t in node.output[n:]]
+        if any(v is None for v in (*sources, *results)):
+            whole[name] = (
+                f"Scan {name!r}: the reference did not give its inputs, so it is diagnosed whole"
+            )
+            continue
+        plan = scan_plan(
+            node,
+            [v.ndim for v in sources if v is not None],
+            [v.ndim for v in results if v is not None],
+            0,
+        )
+        first = sources[0]
+        length = 0 if first is None else int(first.shape[plan.input_axes[0]])
+        if length > unroll_max:
+            whole[name] = (
+                f"Scan {name!r} runs {length} iterations, more than {unroll_max} "
+                "(--unroll-max), so it is diagnosed whole"
+            )
+            continue
+        plans[name] = replace(plan, iterations=length)
+    return plans
+
+
+def _scan_inputs(scan: onnx.NodeProto) -> int:
+    return next(int(a.i) for a in scan.attribute if a.name == "num_scan_inputs")
+
+
 def _counts_itself(loop: onnx.NodeProto) -> bool:
     """Whether the body passes its condition through unchanged: then the trip count alone
     decides how many iterations run."""
@@ -238,16 +299,22 @@ def _describe(session: Session, done: _Inlined) -> str:
     """Which branch each If of the original graph took and how many iterations each Loop ran;
     nested ones counted, not listed."""
     model = session.loaded.model
-    outer = set(top_level_ifs(model)) | set(top_level_loops(model))
+    outer = set(top_level_ifs(model)) | set(top_level_loops(model)) | set(top_level_scans(model))
     parts = [f"If {i.node!r} took its {i.branch}" for i in done.ifs if i.node in outer]
+    kinds = {
+        **dict.fromkeys(top_level_loops(model), "Loop"),
+        **dict.fromkeys(top_level_scans(model), "Scan"),
+    }
     parts += [
-        f"Loop {u.node!r} ran {u.iterations} iteration{'s' if u.iterations != 1 else ''}"
+        f"{kinds[u.node]} {u.node!r} ran {u.iterations} iteration{'s' if u.iterations != 1 else ''}"
         for u in done.loops
         if u.node in outer
     ]
     nested_ifs = sum(i.node not in outer for i in done.ifs)
     nested_loops = sum(u.node not in outer for u in done.loops)
-    nested = [f"{n} {kind}(s)" for n, kind in ((nested_ifs, "If"), (nested_loops, "Loop")) if n]
+    nested = [
+        f"{n} {kind}(s)" for n, kind in ((nested_ifs, "If"), (nested_loops, "Loop/Scan")) if n
+    ]
     text = "; ".join(parts)
     if nested:
         text += f" ({' and '.join(nested)} nested in them were decided too)"
