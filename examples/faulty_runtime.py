@@ -19,6 +19,10 @@ check are simulated too:
 - ``--hang-on NODE``: the process hangs whenever NODE is in the model.
 - ``--context-fault NODE=F:N``: NODE is wrong only in models of at least N nodes: a bug that
   needs the whole graph around it (a memory planner, say), so no small subgraph shows it.
+- ``--pass-fault PASS[+PASS2]:NODE=F``: NODE is wrong only while optimizer pass PASS (and
+  PASS2) is on: a fusion pass bug. ``--disable A,B`` turns passes off, as a runtime flag
+  would; with ``--disable {disable}`` in the exec: command and ``--passes`` naming the
+  passes, onnx-bisect finds which pass breaks it.
 
 It needs only onnx, numpy and onnxruntime, so it doubles as a template for wrapping your own
 runtime.
@@ -115,6 +119,10 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--context-fault", action="append", default=[], help="NODE=F:MIN_NODES, big graphs only"
     )
+    p.add_argument(
+        "--pass-fault", action="append", default=[], help="PASS[+PASS2]:NODE=F, pass on only"
+    )
+    p.add_argument("--disable", default="", help="comma-separated passes to turn off")
     args = p.parse_args(argv)
     model = onnx.load(args.model)
     present = {n.name for n in model.graph.node}
@@ -139,6 +147,12 @@ def main(argv: list[str]) -> int:
         name, _, spec = fault.rpartition("=")
         frac, _, min_nodes = spec.partition(":")
         if name in present and len(model.graph.node) >= int(min_nodes):
+            model = plant_fault(model, name, float(frac))
+    disabled = {d for d in args.disable.split(",") if d}
+    for fault in args.pass_fault:
+        passes, _, rest = fault.partition(":")
+        name, _, frac = rest.rpartition("=")
+        if name in present and not disabled & set(passes.split("+")):
             model = plant_fault(model, name, float(frac))
     for fault in args.hidden_fault:
         name, _, frac = fault.rpartition("=")

@@ -16,6 +16,7 @@ from onnx_bisect.engine.diagnose import (
 )
 from onnx_bisect.engine.found import Found
 from onnx_bisect.engine.observe import scan
+from onnx_bisect.engine.passes import bisect_passes
 from onnx_bisect.engine.session import Session, StageTimer, scratch_dir
 from onnx_bisect.errors import InputError
 from onnx_bisect.options import BisectOptions, ModelLike
@@ -56,6 +57,11 @@ def bisect(
       tensors by name and leaving out names whose meaning changed.
     - ``topk``: task-level checks on the final outputs (``"5:logits"``), reported only.
     - ``repro``: a directory for a minimal repro bundle, written and verified on divergence.
+    - ``bisect_passes``: after a divergence, find which of the target's optimizer passes
+      cause it and how to turn them off (``"auto"``, the default, where the target has
+      passes: ONNX Runtime above ``opt=disable``, or an ``exec:`` runtime whose command takes
+      ``{disable}`` with its pass names in ``passes``; ``"on"`` also says when it has none;
+      ``"off"``).
     - ``unroll_max``: a Loop running at most this many iterations for these inputs is
       unrolled, so its body's nodes are probed and can be named (default 64).
     - ``max_memory``: bytes of probe outputs one run may hold; ``command``: for the report.
@@ -72,11 +78,14 @@ def bisect(
             session, lambda inlined: open_session(inlined, feeds, scratch, timer)
         )
         diagnosis = diagnose(session, screened)
+        passes = None
+        if diagnosis.diverged and diagnosis.screened is not None:
+            passes = bisect_passes(session, diagnosis.screened)
         bundle = None
         if opts.repro is not None and diagnosis.diverged and diagnosis.found is not None:
             with timer.stage("repro"):
                 bundle = _repro(session, diagnosis.found, Path(opts.repro))
-        result = to_result(session, diagnosis, bundle)
+        result = to_result(session, diagnosis, bundle, passes)
     write_bundle_docs(result)
     return result
 

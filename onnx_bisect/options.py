@@ -51,11 +51,19 @@ class BisectOptions:
     target_model: ModelLike | None = None
     topk: Sequence[str | TopKSpec] = ()
     unroll_max: int = 64
+    # After a divergence: which optimizer passes of the target cause it (auto: divergences
+    # only; on: failures too; off: never), and the pass names of an exec: runtime.
+    bisect_passes: str = "auto"
+    passes: Sequence[str] = ()
     command: str = ""
 
     def __post_init__(self) -> None:
         # What needs no model fails here, before anything loads; the rest in make_feeds.
         check_fills(self.values, self.ranges)
+        if self.bisect_passes not in ("auto", "on", "off"):
+            raise InputError(
+                f"bisect_passes must be one of auto, on, off, got {self.bisect_passes!r}"
+            )
         if not isinstance(self.unroll_max, int) or self.unroll_max < 0:
             raise InputError(f"unroll_max must be an integer >= 0, got {self.unroll_max!r}")
 

@@ -27,6 +27,8 @@ __all__ = [
     "ChainLink",
     "NodeResult",
     "Outcome",
+    "PassBisection",
+    "PassOutcome",
     "ReproInfo",
     "RootCause",
     "SearchInfo",
@@ -224,6 +226,47 @@ class BackendInfo:
     versions: Mapping[str, str] = field(default_factory=dict)
 
 
+class PassOutcome(StrEnum):
+    GUILTY = "guilty"  # these passes, enabled alone, make the target diverge
+    NOT_OPTIMIZER = "not_optimizer"  # it diverges with every optimization off too
+    NO_PASSES = "no_passes"  # the runtime named no pass that rewrites this model
+    FAILED = "failed"  # the passes could not be listed
+
+
+@dataclass(frozen=True)
+class PassBisection:
+    """Which optimizer passes of the target make it diverge, and how to turn them off."""
+
+    outcome: PassOutcome
+    target: str  # the spec whose passes were bisected
+    passes: tuple[str, ...] = ()  # the passes that rewrite this model, in applied order
+    guilty: tuple[str, ...] = ()
+    runs: int = 0  # target runs to name them, the optimizations-off check included
+    workaround: str = ""  # the spec with the guilty passes off
+    workaround_forms: tuple[tuple[str, str], ...] = ()  # (where, text): Python, C/C++, ...
+    workaround_verified: bool = False  # the workaround spec agrees (one more run)
+    rewritten: tuple[str, ...] = ()  # the model's nodes the guilty passes replace
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome.value,
+            "target": self.target,
+            "passes": list(self.passes),
+            "guilty": list(self.guilty),
+            "runs": self.runs,
+            "workaround": {
+                "spec": self.workaround,
+                **{where: text for where, text in self.workaround_forms},
+                "verified": self.workaround_verified,
+            }
+            if self.workaround
+            else None,
+            "rewritten": list(self.rewritten),
+            "reason": self.reason,
+        }
+
+
 @dataclass(frozen=True)
 class BisectResult:
     verdict: Outcome
@@ -250,6 +293,7 @@ class BisectResult:
     target_model: str = ""  # that other model
     transforms: tuple[TransformRecord, ...] = ()  # +NAME suffixes applied to either model
     task_checks: tuple[TopKCheck, ...] = ()  # per output, when asked for
+    pass_bisection: PassBisection | None = None  # when the target has passes to switch off
 
     @property
     def diverged(self) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +20,20 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 
+from onnx_bisect.backends.passes import PassControl, Workaround
 from onnx_bisect.backends.protocol import BackendBase, Capabilities, Tensors
 from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.errors import BackendCrash, BackendError, SpecError
 from onnx_bisect.graph.save import save_model
 from onnx_bisect.inputs.feeds import save_npz
 
-__all__ = ["NOTE_PREFIX", "ExecBackend", "PLACEHOLDERS"]
+__all__ = ["DISABLE", "NOTE_PREFIX", "ExecBackend", "ExecPasses", "PLACEHOLDERS"]
 
 
 PLACEHOLDERS = ("{model}", "{inputs}", "{outputs}")
+# Optional: replaced by the comma-separated passes to turn off ("" for none); with the names
+# declared by --passes, it lets pass bisection find which of the runtime's passes breaks it.
+DISABLE = "{disable}"
 # A stderr line of a successful run that starts with this becomes a note in the report (a
 # lowered IR version, a fallback the runtime took): what the user should know about the run.
 NOTE_PREFIX = "onnx-bisect-note:"
@@ -68,6 +72,7 @@ class ExecBackend(BackendBase):
             }
             wanted = {i.name for i in model.graph.input}
             save_npz(Path(paths["{inputs}"]), {k: v for k, v in feeds.items() if k in wanted})
+            paths[DISABLE] = ""  # passes a pass bisection turns off are spelled into the spec
             argv = [_substitute(a, paths) for a in self.argv]
             try:
                 proc = subprocess.run(
@@ -97,6 +102,12 @@ class ExecBackend(BackendBase):
             with np.load(out_path, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}
 
+    def pass_control(self, declared: Sequence[str]) -> PassControl | None:
+        """Its passes, when its command takes ``{disable}`` and the user named them."""
+        if DISABLE not in (self.spec.device or "") or not declared:
+            return None
+        return ExecPasses(self.spec, declared)
+
     def environment(self) -> dict[str, str] | None:
         """The child's environment; None inherits ours."""
         return None
@@ -105,6 +116,32 @@ class ExecBackend(BackendBase):
         # Quoted so that a path with a space reads unambiguously; placeholders stay readable.
         words = (a if a in PLACEHOLDERS else shlex.quote(a) for a in self.argv)
         return "exec: " + " ".join(words)
+
+
+class ExecPasses:
+    """Pass control of an ``exec:`` runtime: ``{disable}`` spelled out in its command."""
+
+    def __init__(self, spec: BackendSpec, declared: Sequence[str]) -> None:
+        self.spec, self.declared = spec, list(declared)
+
+    def all_off(self) -> str:
+        return self._spec(self.declared)
+
+    def passes(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> list[str]:
+        return list(self.declared)  # which of them rewrite this model, only the runtime knows
+
+    def only(self, enabled: Sequence[str], among: Sequence[str]) -> str:
+        return self._spec([p for p in self.declared if p not in enabled])
+
+    def workaround(self, guilty: Sequence[str]) -> Workaround:
+        spec = self._spec(guilty)
+        return Workaround(spec, (("command", spec.removeprefix("exec:")),))
+
+    def rewritten(self, model: onnx.ModelProto, guilty: Sequence[str]) -> tuple[str, ...]:
+        return ()
+
+    def _spec(self, off: Sequence[str]) -> str:
+        return self.spec.text.replace(DISABLE, ",".join(off))
 
 
 def _substitute(arg: str, paths: Mapping[str, str]) -> str:

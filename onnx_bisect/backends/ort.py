@@ -8,20 +8,21 @@ from __future__ import annotations
 
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy.typing as npt
 import onnx
 
+from onnx_bisect.backends.passes import PassControl
 from onnx_bisect.backends.protocol import BackendBase, Tensors
 from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.errors import BackendError, BackendUnavailableError, SpecError
 from onnx_bisect.graph.irversion import lowered, min_ir_version, runnable_ir_version
 from onnx_bisect.graph.save import save_model
 
-__all__ = ["OrtBackend", "PROVIDERS"]
+__all__ = ["OrtBackend", "PROVIDERS", "graph_level"]
 
 
 PROVIDERS: Mapping[str, str] = {
@@ -47,6 +48,18 @@ _IR_REFUSED = re.compile(r"Unsupported model IR version: (\d+), max supported IR
 # FATAL only: ERROR lines ("[E:onnxruntime:...] Non-zero status code returned while running
 # Reshape node") repeat on stderr what the exception already carries into our one-line error.
 _LOG_FATAL_ONLY = 4
+
+
+def graph_level(opt: str) -> Any:
+    """onnxruntime's GraphOptimizationLevel for an ``opt=`` value."""
+    import onnxruntime as ort
+
+    return {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[opt]
 
 
 class OrtBackend(BackendBase):
@@ -101,12 +114,7 @@ class OrtBackend(BackendBase):
         import onnxruntime as ort
 
         so = ort.SessionOptions()
-        so.graph_optimization_level = {
-            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        }[self.opt]
+        so.graph_optimization_level = graph_level(self.opt)
         so.log_severity_level = _LOG_FATAL_ONLY
         # The arena keeps its high-water mark for the session's life; a diagnosis runs many
         # short sessions next to another runtime, so plain malloc keeps the peak lower.
@@ -174,6 +182,14 @@ class OrtBackend(BackendBase):
         wanted = {i.name for i in sess.get_inputs()}
         values = sess.run(names, {k: v for k, v in feeds.items() if k in wanted})
         return dict(zip(names, values, strict=True))
+
+    def pass_control(self, declared: Sequence[str]) -> PassControl | None:
+        """Its graph transformers, where any are on (``declared`` is for exec: runtimes)."""
+        if self.opt == "disable":
+            return None
+        from onnx_bisect.backends.ort_passes import OrtPasses
+
+        return OrtPasses(self.spec, self.providers, self.disabled)
 
     def describe(self) -> str:
         extra = f" opt={self.opt}"

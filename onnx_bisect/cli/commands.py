@@ -25,6 +25,7 @@ from onnx_bisect.cli.params import (
     MaxMemoryOpt,
     MetricName,
     ModelArg,
+    PassMode,
     RangeOpt,
     RefOpt,
     SeedOpt,
@@ -106,6 +107,20 @@ def run_command(
             "its body's nodes are probed and can be named.",
         ),
     ] = DEFAULTS.unroll_max,
+    bisect_passes: Annotated[
+        PassMode,
+        typer.Option(
+            help="After a divergence, find which of the target's optimizer passes causes it "
+            "(auto: where the target has passes to switch off).",
+        ),
+    ] = DEFAULTS.bisect_passes,  # type: ignore[assignment]
+    passes: Annotated[
+        str,
+        typer.Option(
+            help="An exec: runtime's pass names, comma-separated; its command takes "
+            "{disable}, replaced by the passes to turn off.",
+        ),
+    ] = "",
     topk: Annotated[
         list[str] | None,
         typer.Option(
@@ -156,6 +171,10 @@ def run_command(
             target_model=target_model,
             topk=topk or (),
             unroll_max=unroll_max,
+            bisect_passes=str(
+                bisect_passes.value if isinstance(bisect_passes, Enum) else bisect_passes
+            ),
+            passes=tuple(p.strip() for p in passes.split(",") if p.strip()),
             repro=out / "repro" if repro and out is not None else None,
             isolate_crashes=isolate_crashes,
             timeout=timeout,

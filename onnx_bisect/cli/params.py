@@ -22,6 +22,7 @@ __all__ = [
     "MaxMemoryOpt",
     "MetricName",
     "ModelArg",
+    "PassMode",
     "RangeOpt",
     "RefOpt",
     "SeedOpt",
@@ -48,6 +49,9 @@ MetricName = Enum("MetricName", {m: m for m in METRICS}, type=str)  # type: igno
 
 
 StrategyName = Enum("StrategyName", {s: s for s in STRATEGIES}, type=str)  # type: ignore[misc]
+
+
+PassMode = Enum("PassMode", {m: m for m in ("auto", "on", "off")}, type=str)  # type: ignore[misc]
 
 
 def parse_bytes(text: str) -> int:

@@ -33,7 +33,7 @@ from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.inputs.feeds import input_specs, make_feeds, validate_feeds
 from onnx_bisect.options import BisectOptions, ModelLike
-from onnx_bisect.result import BackendInfo, BisectResult, Outcome, ReproInfo
+from onnx_bisect.result import BackendInfo, BisectResult, Outcome, PassBisection, ReproInfo
 from onnx_bisect.transforms.apply import transformed
 from onnx_bisect.transforms.registry import TransformRecord
 
@@ -197,7 +197,12 @@ def diagnose(session: Session, screened: Screened | None = None) -> Diagnosis:
     return Diagnosis(screened, found, screened.diverged)
 
 
-def to_result(session: Session, diagnosis: Diagnosis, repro: ReproInfo | None) -> BisectResult:
+def to_result(
+    session: Session,
+    diagnosis: Diagnosis,
+    repro: ReproInfo | None,
+    passes: PassBisection | None = None,
+) -> BisectResult:
     """The ``BisectResult`` of a diagnosis, with the bundle written for it (if any)."""
     setup, found, screened = session.setup, diagnosis.found, diagnosis.screened
     notes = list(session.notes)
@@ -243,6 +248,7 @@ def to_result(session: Session, diagnosis: Diagnosis, repro: ReproInfo | None) -
         target_model=setup.target_label,
         transforms=setup.transforms,
         task_checks=tuple(checks),
+        pass_bisection=passes,
     )
 
 

@@ -14,6 +14,7 @@ from onnx_bisect.report.format import (
     node_label,
     search_line,
 )
+from onnx_bisect.report.passes import pass_markdown
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
@@ -28,6 +29,8 @@ TOP_K = 10
 def render_markdown(result: BisectResult) -> str:
     lines: list[str] = [f"# onnx-bisect: `{result.target.spec}` vs `{result.ref.spec}`", ""]
     lines += _summary(result)
+    if result.pass_bisection is not None:
+        lines += pass_markdown(result.pass_bisection)
     if result.command:
         lines += ["", "**Command**", "", "```", result.command, "```"]
     lines += ["", "**Environment**", ""]

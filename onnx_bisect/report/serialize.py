@@ -147,6 +147,7 @@ def to_dict(result: BisectResult) -> dict[str, Any]:
         "tensor_matching": result.matching.to_dict() if result.matching is not None else None,
         "transforms": [t.to_dict() for t in result.transforms],
         "task_checks": [c.to_dict() for c in result.task_checks],
+        "pass_bisection": result.pass_bisection.to_dict() if result.pass_bisection else None,
         "error_curve": [p.to_dict() for p in error_curve(result.nodes)],
         "chain": [
             {

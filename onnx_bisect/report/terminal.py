@@ -16,6 +16,7 @@ from onnx_bisect.report.format import (
     fmt_amp,
     search_line,
 )
+from onnx_bisect.report.passes import pass_headline
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult
@@ -57,6 +58,8 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
     if result.diverged:
         _task_checks(result, console)
     _finding(result, console)
+    if result.pass_bisection is not None:
+        console.print(f"[bold]Optimizer pass[/]: {pass_headline(result.pass_bisection)}")
     if any(n.accumulated is not None for n in result.nodes):
         table = Table(title=f"Top {top} nodes by accumulated error", show_lines=False)
         key = result.criterion.key

@@ -1,0 +1,129 @@
+"""ONNX Runtime's graph transformers, as pass control for pass bisection.
+
+onnxruntime has no API that lists its transformers (onnxruntime#17476), their names change
+between releases (GeluFusion became GeluFusionL1/L2), and ``disabled_optimizers`` silently
+ignores a name it does not know. So the names come from this model and this onnxruntime: a
+session created at verbose logging says "GraphTransformer X modified: 1" for each one that
+rewrote the graph. That runs in a child process (``python -m onnx_bisect.backends.ort_passes``),
+since onnxruntime logs to the process's stderr, which a child's is easy to read and ours is
+not. The nodes a pass rewrote come from the optimized models onnxruntime saves with and
+without it.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy.typing as npt
+import onnx
+
+from onnx_bisect.backends.ort import graph_level
+from onnx_bisect.backends.passes import Workaround, spec_with_options
+from onnx_bisect.backends.spec import BackendSpec
+from onnx_bisect.errors import BackendError
+from onnx_bisect.graph.save import save_model
+from onnx_bisect.process import python_child_env
+
+__all__ = ["OrtPasses", "modified_transformers"]
+
+_MODIFIED = re.compile(r"GraphTransformer (\S+) modified: 1")
+_CONFIG_KEY = "optimization.disable_specified_optimizers"
+
+
+def modified_transformers(log: str) -> list[str]:
+    """The transformers a verbose onnxruntime log says rewrote the graph, first seen first."""
+    return list(dict.fromkeys(_MODIFIED.findall(log)))
+
+
+class OrtPasses:
+    """Pass control of one ``ort`` spec (see module)."""
+
+    def __init__(self, spec: BackendSpec, providers: Sequence[str], disabled: Sequence[str]):
+        self.spec, self.providers, self.disabled = spec, list(providers), list(disabled)
+
+    def all_off(self) -> str:
+        return spec_with_options(self.spec, opt="disable", disable=None)
+
+    def passes(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> list[str]:
+        with tempfile.TemporaryDirectory(prefix="onnx-bisect-passes-") as tmp:
+            path = save_model(model, Path(tmp))
+            argv = [sys.executable, "-m", __name__, str(path), ",".join(self.providers)]
+            argv += [self.spec.option("opt", "all") or "all", ",".join(self.disabled)]
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, env=python_child_env(), timeout=600
+            )
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise BackendError(f"{self.spec.text}: listing its transformers failed: {tail}")
+        return [p for p in modified_transformers(proc.stderr) if p not in self.disabled]
+
+    def only(self, enabled: Sequence[str], among: Sequence[str]) -> str:
+        off = [*self.disabled, *(p for p in among if p not in enabled)]
+        return spec_with_options(self.spec, disable=",".join(off) or None)
+
+    def workaround(self, guilty: Sequence[str]) -> Workaround:
+        off = [*self.disabled, *(g for g in guilty if g not in self.disabled)]
+        names = ", ".join(repr(n) for n in off)
+        return Workaround(
+            spec=spec_with_options(self.spec, disable=",".join(off)),
+            forms=(
+                (
+                    "Python",
+                    f"onnxruntime.InferenceSession(path, providers={self.providers!r}, "
+                    f"disabled_optimizers=[{names}])",
+                ),
+                (
+                    "C/C++",
+                    f'session_options.AddConfigEntry("{_CONFIG_KEY}", "{";".join(off)}");',
+                ),
+            ),
+        )
+
+    def rewritten(self, model: onnx.ModelProto, guilty: Sequence[str]) -> tuple[str, ...]:
+        with tempfile.TemporaryDirectory(prefix="onnx-bisect-passes-") as tmp:
+            path = save_model(model, Path(tmp))
+            with_pass = _optimized_names(path, self.providers, self.disabled)
+            without = _optimized_names(path, self.providers, [*self.disabled, *guilty])
+        original = [n.name for n in model.graph.node]
+        return tuple(n for n in original if n in without and n not in with_pass)
+
+
+def _optimized_names(path: Path, providers: Sequence[str], disabled: Sequence[str]) -> set[str]:
+    """The node names of the model onnxruntime optimizes ``path`` into."""
+    import onnxruntime as ort
+
+    out = path.with_name(f"optimized-{len(disabled)}.onnx")
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(out)
+    options.log_severity_level = 4  # it warns that an NCHWc-optimized file is machine-specific
+    kwargs: dict[str, Any] = {"providers": list(providers)}
+    if disabled:
+        kwargs["disabled_optimizers"] = list(disabled)
+    ort.InferenceSession(str(path), options, **kwargs)
+    return {n.name for n in onnx.load(str(out), load_external_data=False).graph.node}
+
+
+def _main(argv: Sequence[str]) -> int:
+    """Create one session at verbose logging; the log goes to this process's stderr."""
+    import onnxruntime as ort
+
+    path, providers, opt, disabled = argv
+    options = ort.SessionOptions()
+    options.log_severity_level = 0
+    options.log_verbosity_level = 0
+    options.graph_optimization_level = graph_level(opt)
+    kwargs: dict[str, Any] = {"providers": providers.split(",")}
+    if disabled:
+        kwargs["disabled_optimizers"] = disabled.split(",")
+    ort.InferenceSession(path, options, **kwargs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

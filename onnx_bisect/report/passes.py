@@ -1,0 +1,50 @@
+"""The pass bisection, as the reports show it: what broke, and the workaround in each form."""
+
+from __future__ import annotations
+
+from onnx_bisect.result import PassBisection, PassOutcome
+
+__all__ = ["pass_headline", "pass_markdown"]
+
+_MAX_REWRITTEN = 12  # node names listed; the rest are counted
+_VERIFIED = "verified: it agrees with the reference"
+
+
+def pass_headline(pb: PassBisection) -> str:
+    """One paragraph: which passes, in how many runs, and the workaround's spec."""
+    if pb.outcome is not PassOutcome.GUILTY:
+        return pb.reason
+    names = " + ".join(pb.guilty)
+    state = _VERIFIED if pb.workaround_verified else "NOT verified: it still diverges"
+    text = f"{names} ({_runs(pb)}; {pb.reason}). Workaround: --target '{pb.workaround}' ({state})"
+    if pb.rewritten:
+        text += f". It rewrote {_listed(pb.rewritten)}"
+    return text
+
+
+def pass_markdown(pb: PassBisection) -> list[str]:
+    """The "Optimizer pass" section of report.md."""
+    out = ["", "**Optimizer pass**", ""]
+    if pb.outcome is not PassOutcome.GUILTY:
+        return [*out, pb.reason + ".", ""]
+    out.append(
+        f"`{'` + `'.join(pb.guilty)}` makes the target diverge ({_runs(pb)}; {len(pb.passes)} "
+        f"passes rewrite this model: {', '.join(f'`{p}`' for p in pb.passes)})."
+    )
+    if pb.rewritten:
+        out.append(f"It rewrote {_listed(pb.rewritten, code=True)}.")
+    state = _VERIFIED if pb.workaround_verified else "not verified"
+    out += ["", f"Workaround ({state}):", "", "| where | how |", "|---|---|"]
+    out.append(f"| onnx-bisect | `--target '{pb.workaround}'` |")
+    out += [f"| {where} | `{text}` |" for where, text in pb.workaround_forms]
+    return [*out, ""]
+
+
+def _runs(pb: PassBisection) -> str:
+    return f"{pb.runs} run{'s' if pb.runs != 1 else ''} of the target to name"
+
+
+def _listed(nodes: tuple[str, ...], *, code: bool = False) -> str:
+    shown = [f"`{n}`" if code else n for n in nodes[:_MAX_REWRITTEN]]
+    more = len(nodes) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more else "")
