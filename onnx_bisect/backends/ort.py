@@ -15,6 +15,7 @@ from typing import Any
 import numpy.typing as npt
 import onnx
 
+from onnx_bisect.backends.ort_passes import OrtPasses, graph_level
 from onnx_bisect.backends.passes import PassControl
 from onnx_bisect.backends.protocol import BackendBase, Tensors
 from onnx_bisect.backends.spec import BackendSpec
@@ -22,7 +23,7 @@ from onnx_bisect.errors import BackendError, BackendUnavailableError, SpecError
 from onnx_bisect.graph.irversion import lowered, min_ir_version, runnable_ir_version
 from onnx_bisect.graph.save import save_model
 
-__all__ = ["OrtBackend", "PROVIDERS", "graph_level"]
+__all__ = ["OrtBackend", "PROVIDERS"]
 
 
 PROVIDERS: Mapping[str, str] = {
@@ -48,18 +49,6 @@ _IR_REFUSED = re.compile(r"Unsupported model IR version: (\d+), max supported IR
 # FATAL only: ERROR lines ("[E:onnxruntime:...] Non-zero status code returned while running
 # Reshape node") repeat on stderr what the exception already carries into our one-line error.
 _LOG_FATAL_ONLY = 4
-
-
-def graph_level(opt: str) -> Any:
-    """onnxruntime's GraphOptimizationLevel for an ``opt=`` value."""
-    import onnxruntime as ort
-
-    return {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }[opt]
 
 
 class OrtBackend(BackendBase):
@@ -187,8 +176,6 @@ class OrtBackend(BackendBase):
         """Its graph transformers, where any are on (``declared`` is for exec: runtimes)."""
         if self.opt == "disable":
             return None
-        from onnx_bisect.backends.ort_passes import OrtPasses
-
         return OrtPasses(self.spec, self.providers, self.disabled)
 
     def describe(self) -> str:

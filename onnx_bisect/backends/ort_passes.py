@@ -23,17 +23,28 @@ from typing import Any
 import numpy.typing as npt
 import onnx
 
-from onnx_bisect.backends.ort import graph_level
 from onnx_bisect.backends.passes import Workaround, spec_with_options
 from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.save import save_model
 from onnx_bisect.process import python_child_env
 
-__all__ = ["OrtPasses", "modified_transformers"]
+__all__ = ["OrtPasses", "graph_level", "modified_transformers"]
 
 _MODIFIED = re.compile(r"GraphTransformer (\S+) modified: 1")
 _CONFIG_KEY = "optimization.disable_specified_optimizers"
+
+
+def graph_level(opt: str) -> Any:
+    """onnxruntime's GraphOptimizationLevel for an ``opt=`` value."""
+    import onnxruntime as ort
+
+    return {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[opt]
 
 
 def modified_transformers(log: str) -> list[str]:
