@@ -5,6 +5,8 @@
 >>> result.first_divergence.name, result.root_cause.nodes  # doctest: +SKIP
 """
 
+from importlib import metadata
+
 from onnx_bisect.api import bisect
 from onnx_bisect.backends import (
     Backend,
@@ -29,6 +31,7 @@ from onnx_bisect.report import to_dict, to_frame, write_reports
 from onnx_bisect.result import BisectResult, NodeResult, RootCause, Verdict
 
 __all__ = [
+    "__version__",
     "Backend",
     "BackendBase",
     "BackendError",
@@ -57,3 +60,15 @@ __all__ = [
 ]
 
 compare = compare_tensors
+
+
+def _version() -> str:
+    try:
+        return metadata.version("onnx-bisect")
+    except metadata.PackageNotFoundError:
+        # A source tree on sys.path without an install: no metadata says which release it is,
+        # and "0+unknown" sorts below every release (PEP 440) rather than posing as one.
+        return "0+unknown"
+
+
+__version__ = _version()

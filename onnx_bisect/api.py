@@ -29,13 +29,16 @@ __all__ = ["BackendLike", "bisect"]
 
 def bisect(
     model: ModelLike,
-    ref: BackendLike = "cpu",
-    target: BackendLike = "cpu",
     *,
+    target: BackendLike,
+    ref: BackendLike = "cpu",
     options: BisectOptions | None = None,
     **overrides: Any,
 ) -> BisectResult:
     """Find the first node where ``target`` departs from ``ref`` and the node that causes it.
+
+    ``target`` has no default, as on the command line: a default would compare ``ref`` with
+    itself and answer "no divergence" to a question nobody asked.
 
     Options are the fields of ``BisectOptions``, given as ``options=`` or as keywords:
 
@@ -66,10 +69,10 @@ def bisect(
       unrolled, so its body's nodes are probed and can be named (default 64).
     - ``max_memory``: bytes of probe outputs one run may hold; ``command``: for the report.
 
-    Raises ``OnnxBisectError`` subclasses for bad input and unusable backends.
+    Raises ``OnnxBisectError`` subclasses for bad input and unusable backends; an error about
+    one option's value names it first and has it in ``option``.
     """
-    opts = _options(options, overrides)
-    opts.criterion()  # bad values fail before any work
+    opts = _options(options, overrides)  # bad values fail here, before any work
     timer = StageTimer()
     setup, feeds = prepare(model, ref, target, opts, timer)
     with scratch_dir() as scratch:
@@ -91,12 +94,11 @@ def bisect(
 
 
 def _options(options: BisectOptions | None, overrides: dict[str, Any]) -> BisectOptions:
-    try:
-        return dataclasses.replace(options or BisectOptions(), **overrides)
-    except TypeError:
-        known = {f.name for f in dataclasses.fields(BisectOptions)}
-        unknown = ", ".join(sorted(set(overrides) - known))
-        raise InputError(f"bisect() got unknown option(s) {unknown}; see BisectOptions") from None
+    known = {f.name for f in dataclasses.fields(BisectOptions)}
+    unknown = ", ".join(sorted(set(overrides) - known))
+    if unknown:
+        raise InputError(f"bisect() got unknown option(s) {unknown}; see BisectOptions")
+    return dataclasses.replace(options or BisectOptions(), **overrides)
 
 
 # What a bundle must show, by root-cause kind: a crash, an error, or else a divergence.

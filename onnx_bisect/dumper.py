@@ -19,11 +19,11 @@ from onnx_bisect.backends.environment import environment
 from onnx_bisect.backends.protocol import Tensors
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.engine.observe import probe_runs
-from onnx_bisect.engine.runs import RunStats, timed_run
+from onnx_bisect.engine.runs import RunStats, check_budget, timed_run
 from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
 from onnx_bisect.inputs.feeds import make_feeds, save_npz
-from onnx_bisect.options import DEFAULT_MAX_MEMORY
+from onnx_bisect.options import DEFAULT_MAX_MEMORY, BisectOptions
 
 __all__ = ["DumpResult", "dump"]
 
@@ -48,14 +48,17 @@ def dump(
     max_memory: int = DEFAULT_MAX_MEMORY,
 ) -> DumpResult:
     """Write every top-level tensor ``backend`` computes, plus the inputs and a manifest."""
+    # The options it shares with bisect(), checked by the same rules.
+    BisectOptions(shapes=shapes, values=values, ranges=ranges, seed=seed, max_memory=max_memory)
     loaded = load_model(model)
     feeds = make_feeds(
         loaded.model, inputs=inputs, shapes=shapes, values=values, ranges=ranges, seed=seed
     )
+    sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))
+    check_budget(loaded.probes, sizes, max_memory)
     runner = create_backend(backend)
     directory = Path(out)
     directory.mkdir(parents=True, exist_ok=True)
-    sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))
     stats = RunStats()
 
     def run(marked: onnx.ModelProto) -> Tensors:

@@ -14,7 +14,18 @@ __all__ = [
 
 
 class OnnxBisectError(Exception):
-    """Base class: a problem with what the user asked for, not a bug in onnx-bisect."""
+    """Base class: a problem with what the user asked for, not a bug in onnx-bisect.
+
+    ``option``: the parameter of ``bisect()`` the problem is with, when it is one option's
+    value; the message then begins with that name, which a command line swaps for its flag
+    (``threshold must be ...`` reads ``--threshold must be ...`` there).
+    """
+
+    def __init__(self, message: str, *, option: str | None = None) -> None:
+        if option is not None and not message.startswith(option):
+            raise ValueError(f"a message about {option!r} must begin with it: {message!r}")
+        super().__init__(message)
+        self.option = option
 
 
 class ModelLoadError(OnnxBisectError):

@@ -1,8 +1,11 @@
-"""Options of a diagnosis: one definition of every option and its default, for the API and the
-CLI (whose defaults are read from ``BisectOptions()``)."""
+"""Options of a diagnosis: one definition of every option, its default and its accepted values,
+for the API and the CLI (whose defaults are read from ``BisectOptions()`` and whose errors are
+these, with flags for names)."""
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -13,20 +16,32 @@ import numpy.typing as npt
 import onnx
 
 from onnx_bisect.compare.criterion import NOISE_EPS, NOISE_K, Criterion
+from onnx_bisect.compare.metrics import METRICS
 from onnx_bisect.compare.topk import TopKSpec, parse_topk
 from onnx_bisect.errors import InputError
 from onnx_bisect.inputs.values import check_fills
 
-__all__ = ["DEFAULT_MAX_MEMORY", "STRATEGIES", "BisectOptions", "ModelLike"]
+__all__ = ["DEFAULT_MAX_MEMORY", "PASS_MODES", "STRATEGIES", "BisectOptions", "ModelLike"]
 
 DEFAULT_MAX_MEMORY = 4 << 30
 STRATEGIES = ("auto", "scan", "bisect")
+PASS_MODES = ("auto", "on", "off")
 ModelLike = str | os.PathLike[str] | onnx.ModelProto
+
+# What a fixed threshold can be, per metric; the others are distances, where below 0 every
+# tensor would diverge. Cosine is a similarity in [-1, 1]; SQNR in dB takes any value.
+_THRESHOLD_RANGES: Mapping[str, tuple[float, float, str]] = {
+    "cosine": (-1.0, 1.0, "in [-1, 1]"),
+    "sqnr_db": (-math.inf, math.inf, ""),
+}
+_DISTANCE = (0.0, math.inf, ">= 0")
 
 
 @dataclass(frozen=True)
 class BisectOptions:
-    """How to diagnose; see ``onnx_bisect.bisect`` for what each option does."""
+    """How to diagnose; see ``onnx_bisect.bisect`` for what each option does. Every value is
+    checked here, before anything loads or runs: an ``InputError`` names the option (its
+    ``option``) and what it accepts."""
 
     inputs: Path | Mapping[str, npt.NDArray[Any]] | None = None
     shapes: Mapping[str, Sequence[int]] | None = None
@@ -59,19 +74,81 @@ class BisectOptions:
 
     def __post_init__(self) -> None:
         # What needs no model fails here, before anything loads; the rest in make_feeds.
+        _check_shapes(self.shapes)
         check_fills(self.values, self.ranges)
-        if self.bisect_passes not in ("auto", "on", "off"):
+        _whole("seed", self.seed, low=0)
+        _choice("metric", self.metric, tuple(METRICS))
+        _choice("strategy", self.strategy, STRATEGIES)
+        self._check_threshold()
+        _number("noise_k", self.noise_k)
+        _number("noise_eps", self.noise_eps)
+        _number("atol", self.atol, optional=True)
+        _number("rtol", self.rtol, optional=True)
+        _number("timeout", self.timeout, positive=True, optional=True)
+        _whole("max_memory", self.max_memory, low=1, what="a whole number of bytes")
+        _flag("parallel", self.parallel)
+        _flag("always_scan", self.always_scan)
+        _flag("isolate_crashes", self.isolate_crashes, optional=True)
+        self.topk_specs()
+        _whole("unroll_max", self.unroll_max, low=0)
+        _choice("bisect_passes", self.bisect_passes, PASS_MODES)
+        self._check_together()
+
+    def _check_threshold(self) -> None:
+        if isinstance(self.threshold, str):
+            if not self._auto_requested:
+                raise InputError(
+                    f"threshold must be a number or 'auto', got {self.threshold!r}",
+                    option="threshold",
+                )
+            return
+        low, high, what = _THRESHOLD_RANGES.get(self.metric, _DISTANCE)
+        if not _is_number(self.threshold) or not low <= self.threshold <= high:
+            scope = "" if self.metric == "rel_l2" else f" for metric {self.metric}"
+            bound = f" {what}" if what else ""
+            auto = " or 'auto'" if METRICS[self.metric].higher_is_worse else ""
             raise InputError(
-                f"bisect_passes must be one of auto, on, off, got {self.bisect_passes!r}"
+                f"threshold{scope} must be a finite number{bound}{auto}, got {self.threshold!r}",
+                option="threshold",
             )
-        if not isinstance(self.unroll_max, int) or self.unroll_max < 0:
-            raise InputError(f"unroll_max must be an integer >= 0, got {self.unroll_max!r}")
+
+    def _check_together(self) -> None:
+        """Options that say nothing in the company they are in: silently ignoring one would
+        answer a question the user did not ask."""
+        allclose = self.atol is not None or self.rtol is not None
+        if allclose and not self._auto_requested:
+            raise InputError(
+                f"threshold {self.threshold!r} has no effect with atol/rtol, where allclose "
+                "decides; give one or the other",
+                option="threshold",
+            )
+        if allclose and self.metric != "rel_l2":
+            raise InputError(
+                f"metric {self.metric} has no effect with atol/rtol, where allclose decides; "
+                "give one or the other",
+                option="metric",
+            )
+        if self._auto_requested and not METRICS[self.metric].higher_is_worse:
+            # "auto" is a fixed 1e-3 beside the other metrics: nothing, for a similarity.
+            raise InputError(
+                f"metric {self.metric} needs a threshold: 'auto' exists for rel_l2, max_abs "
+                f"and mean_abs; give one, e.g. {_EXAMPLES[self.metric]}",
+                option="metric",
+            )
+        noise = (("noise_k", self.noise_k, NOISE_K), ("noise_eps", self.noise_eps, NOISE_EPS))
+        for name, value, default in noise:
+            if value != default and not self.auto_threshold:
+                raise InputError(
+                    f"{name} applies to threshold 'auto' with metric rel_l2 only (a noise "
+                    "floor), not to a fixed threshold or atol/rtol",
+                    option=name,
+                )
 
     @property
     def auto_threshold(self) -> bool:
         """``threshold="auto"`` (the default): per-tensor noise floors measured against
-        float64. They exist for rel_l2 only, so another metric or --atol/--rtol keeps the
-        fixed 1e-3 that "auto" stands for there."""
+        float64. They exist for rel_l2 only, so max_abs, mean_abs or atol/rtol keep the fixed
+        1e-3 that "auto" stands for there."""
         return (
             self._auto_requested
             and self.metric == "rel_l2"
@@ -84,18 +161,60 @@ class BisectOptions:
         return isinstance(self.threshold, str) and self.threshold.strip().lower() == "auto"
 
     def criterion(self) -> Criterion:
-        """The fixed part of the criterion (a noise floor is added once it is measured);
-        raises InputError for values that make no criterion."""
-        if self.strategy not in STRATEGIES:
-            raise InputError(
-                f"unknown strategy {self.strategy!r}; choose from {', '.join(STRATEGIES)}"
-            )
-        try:
-            fixed = 1e-3 if self._auto_requested else float(self.threshold)
-            crit = Criterion(metric=self.metric, threshold=fixed, atol=self.atol, rtol=self.rtol)
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
-        return crit
+        """The fixed part of the criterion (a noise floor is added once it is measured)."""
+        fixed = 1e-3 if self._auto_requested else float(self.threshold)
+        return Criterion(metric=self.metric, threshold=fixed, atol=self.atol, rtol=self.rtol)
 
     def topk_specs(self) -> tuple[TopKSpec, ...]:
         return tuple(parse_topk(t) if isinstance(t, str) else t for t in self.topk)
+
+
+# A threshold to suggest for the metrics "auto" does not cover.
+_EXAMPLES = {"cosine": "0.9999", "sqnr_db": "40 (dB)"}
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _number(name: str, value: object, *, positive: bool = False, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if not _is_number(value) or (value <= 0 if positive else value < 0):  # type: ignore[operator]
+        bound = "> 0" if positive else ">= 0"
+        alt = " or None" if optional else ""
+        raise InputError(f"{name} must be a finite number {bound}{alt}, got {value!r}", option=name)
+
+
+def _flag(name: str, value: object, *, optional: bool = False) -> None:
+    if not isinstance(value, bool) and not (optional and value is None):
+        alt = ", or None" if optional else ""
+        raise InputError(f"{name} must be True or False{alt}, got {value!r}", option=name)
+
+
+def _whole(name: str, value: object, *, low: int, what: str = "an integer") -> None:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
+        raise InputError(f"{name} must be {what} >= {low}, got {value!r}", option=name)
+
+
+def _choice(name: str, value: object, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise InputError(f"{name}: {value!r} is not one of {', '.join(choices)}", option=name)
+
+
+def _check_shapes(shapes: Mapping[str, Sequence[int]] | None) -> None:
+    """Sizes of generated inputs: an empty input (a 0 dim) runs nothing worth comparing, and
+    most runtimes reject or mishandle it; a -1 is a dynamic dim left unset."""
+    if shapes is None:
+        return
+    if not isinstance(shapes, Mapping):
+        raise InputError(f"shapes must map input names to dims, got {shapes!r}", option="shapes")
+    for name, dims in shapes.items():
+        if not isinstance(dims, Sequence) or not all(
+            isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 1 for d in dims
+        ):
+            raise InputError(
+                f"shapes: {name!r} is {dims!r}; dims must be integers >= 1 (where the model "
+                "says -1 or 0, give the size)",
+                option="shapes",
+            )

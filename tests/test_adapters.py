@@ -194,7 +194,7 @@ def test_missing_execution_provider_is_unavailable() -> None:
     assert str(err.value) == (
         f"backend 'ort:cuda': this onnxruntime {ort.__version__} build has no "
         f"CUDAExecutionProvider (available: {', '.join(available)}); "
-        "install the onnxruntime package for it"
+        "install the onnxruntime-gpu package in place of onnxruntime (not beside it)"
     )
     assert "CPUExecutionProvider" in str(err.value)
 

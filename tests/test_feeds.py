@@ -109,7 +109,7 @@ def test_other_dynamic_dims_raise_with_a_shape_hint() -> None:
     with pytest.raises(InputError) as err:
         generate_feeds(TWO)
     assert str(err.value) == (
-        "input 'a' [seq, 4] has dynamic dim 0 ('seq'); set them with --shape a=?x4"
+        "shapes: input 'a' [seq, 4] has dynamic dim 0 ('seq'); give its shape, e.g. a=?x4"
     )
 
 
@@ -118,8 +118,8 @@ def test_several_dynamic_dims_are_all_listed() -> None:
     with pytest.raises(InputError) as err:
         generate_feeds([spec])
     assert str(err.value) == (
-        "input 'x' [batch, seq, ?, 4] has dynamic dim 1 ('seq'), dim 2 (unnamed); "
-        "set them with --shape x=1x?x?x4"
+        "shapes: input 'x' [batch, seq, ?, 4] has dynamic dim 1 ('seq'), dim 2 (unnamed); "
+        "give its shape, e.g. x=1x?x?x4"
     )
 
 
@@ -135,19 +135,19 @@ def test_shape_overrides() -> None:
 def test_shape_override_rank_mismatch() -> None:
     with pytest.raises(InputError) as err:
         generate_feeds(TWO, {"a": (12,), "mask": (3, 4)})
-    assert str(err.value) == "--shape a: rank 1 but the model's input has rank 2 [seq, 4]"
+    assert str(err.value) == "shapes a: rank 1 but the model's input has rank 2 [seq, 4]"
 
 
 def test_shape_override_conflicts_with_static_dim() -> None:
     with pytest.raises(InputError) as err:
         generate_feeds(TWO, {"a": (3, 5), "mask": (3, 4)})
-    assert str(err.value) == "--shape a: dim 1 is 5 but the model fixes it to 4"
+    assert str(err.value) == "shapes a: dim 1 is 5 but the model fixes it to 4"
 
 
 def test_shape_override_unknown_input() -> None:
     with pytest.raises(InputError) as err:
         generate_feeds(TWO, {"a": (3, 4), "mask": (3, 4), "b": (1,)})
-    assert str(err.value) == "--shape names unknown input(s) b; model inputs are a, mask"
+    assert str(err.value) == "shapes names unknown input(s) b; model inputs are a, mask"
 
 
 # --- parse_shape ----------------------------------------------------------------------------
@@ -159,12 +159,12 @@ def test_shape_override_unknown_input() -> None:
         ("x=1x3x4", ("x", (1, 3, 4))),
         ("x=1,3,4", ("x", (1, 3, 4))),
         ("images=1x3x640x640", ("images", (1, 3, 640, 640))),
-        ("input:0=2x0", ("input:0", (2, 0))),
+        ("input:0=2x5", ("input:0", (2, 5))),
         ("x=7", ("x", (7,))),
         ("x= 1x2 ", ("x", (1, 2))),
         # Polygraphy's --input-shapes form; names may hold colons, [] is a scalar.
         ("images:[1,3,320,320]", ("images", (1, 3, 320, 320))),
-        ("input:0:[2, 0]", ("input:0", (2, 0))),
+        ("input:0:[2, 5]", ("input:0", (2, 5))),
         ("x:[7]", ("x", (7,))),
         ("x:[]", ("x", ())),
     ],
@@ -176,19 +176,23 @@ def test_parse_shape(text: str, expected: tuple[str, tuple[int, ...]]) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("1x3x4", "--shape '1x3x4': expected NAME=1x3x640x640 or NAME:[1,3,640,640]"),
-        ("=1x3", "--shape '=1x3': expected NAME=1x3x640x640 or NAME:[1,3,640,640]"),
-        (":[1,3]", "--shape ':[1,3]': expected NAME=1x3x640x640 or NAME:[1,3,640,640]"),
-        ("x=1xax3", "--shape 'x=1xax3': dims must be integers, e.g. x=1x3x640x640"),
-        ("x=1.5x3", "--shape 'x=1.5x3': dims must be integers, e.g. x=1x3x640x640"),
-        ("x:[1,,3]", "--shape 'x:[1,,3]': dims must be integers, e.g. x=1x3x640x640"),
+        ("1x3x4", "shapes '1x3x4': expected NAME=1x3x640x640 or NAME:[1,3,640,640]"),
+        ("=1x3", "shapes '=1x3': expected NAME=1x3x640x640 or NAME:[1,3,640,640]"),
+        (":[1,3]", "shapes ':[1,3]': expected NAME=1x3x640x640 or NAME:[1,3,640,640]"),
+        ("x=1xax3", "shapes 'x=1xax3': dims must be integers, e.g. x=1x3x640x640"),
+        ("x=1.5x3", "shapes 'x=1.5x3': dims must be integers, e.g. x=1x3x640x640"),
+        ("x:[1,,3]", "shapes 'x:[1,,3]': dims must be integers, e.g. x=1x3x640x640"),
         (
             "x=-1x3",
-            "--shape 'x=-1x3': dims must be >= 0 (where the model says -1, give the size)",
+            "shapes 'x=-1x3': dims must be >= 1 (where the model says -1 or 0, give the size)",
         ),
         (
             "x:[-1,3]",
-            "--shape 'x:[-1,3]': dims must be >= 0 (where the model says -1, give the size)",
+            "shapes 'x:[-1,3]': dims must be >= 1 (where the model says -1 or 0, give the size)",
+        ),
+        (
+            "x=2x0",
+            "shapes 'x=2x0': dims must be >= 1 (where the model says -1 or 0, give the size)",
         ),
     ],
 )
@@ -243,7 +247,7 @@ def test_load_npy_multi_input_model_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(InputError) as err:
         load_feeds(path, TWO)
     assert str(err.value) == (
-        f"--input {path}: a .npy holds one tensor but the model has 2 inputs (a, mask); "
+        f"inputs {path}: a .npy holds one tensor but the model has 2 inputs (a, mask); "
         "use a .npz keyed by input name"
     )
 
@@ -289,26 +293,26 @@ def test_pb_files_are_ordered_numerically(tmp_path: Path) -> None:
 def test_load_errors(tmp_path: Path) -> None:
     with pytest.raises(InputError) as err:
         load_feeds(tmp_path / "nope.npz", TWO)
-    assert str(err.value) == f"--input {tmp_path / 'nope.npz'}: no such file or directory"
+    assert str(err.value) == f"inputs {tmp_path / 'nope.npz'}: no such file or directory"
 
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError) as err:
         load_feeds(tmp_path / "empty", TWO)
-    assert str(err.value) == f"--input {tmp_path / 'empty'}: no input_N.pb files found"
+    assert str(err.value) == f"inputs {tmp_path / 'empty'}: no input_N.pb files found"
 
     txt = tmp_path / "in.txt"
     txt.write_text("1 2 3")
     with pytest.raises(InputError) as err:
         load_feeds(txt, TWO)
     assert str(err.value) == (
-        f"--input {txt}: expected .npz, .npy or a directory of input_N.pb files"
+        f"inputs {txt}: expected .npz, .npy or a directory of input_N.pb files"
     )
 
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not a zip file")
     with pytest.raises(InputError) as err:
         load_feeds(bad, TWO)
-    assert str(err.value).startswith(f"--input {bad}: cannot read (")
+    assert str(err.value).startswith(f"inputs {bad}: cannot read (")
     assert "\n" not in str(err.value)
 
 
@@ -430,8 +434,8 @@ def test_unnamed_dims_past_the_first_still_need_a_shape() -> None:
     with pytest.raises(InputError) as err:
         generate_feeds([_declared(-1, 3, "?", -1)])
     assert str(err.value) == (
-        "input 'x' [?, 3, ?, ?] has dynamic dim 2 ('?'), dim 3 (unnamed); "
-        "set them with --shape x=1x3x?x?"
+        "shapes: input 'x' [?, 3, ?, ?] has dynamic dim 2 ('?'), dim 3 (unnamed); "
+        "give its shape, e.g. x=1x3x?x?"
     )
 
 

@@ -128,7 +128,7 @@ def test_fixed_dims_beside_an_unknown_batch_are_still_checked(tmp_path: Path) ->
     path = _save(batch_model(-1), tmp_path / "m.onnx")
     with pytest.raises(onnx_bisect.InputError) as err:
         onnx_bisect.bisect(path, ref="cpu", target="cpu", shapes={"x": (2, 4, 8, 8)})
-    assert str(err.value) == "--shape x: dim 1 is 4 but the model fixes it to 3"
+    assert str(err.value) == "shapes x: dim 1 is 4 but the model fixes it to 3"
 
 
 # --- an input whose values matter ------------------------------------------------------------
@@ -159,7 +159,7 @@ def test_bisect_takes_values(tmp_path: Path) -> None:
 
 def test_bad_values_fail_before_any_work() -> None:
     with pytest.raises(onnx_bisect.InputError) as err:
-        onnx_bisect.bisect("no-such-model.onnx", ranges={"x": (1.0, 0.0)})
+        onnx_bisect.bisect("no-such-model.onnx", target="cpu", ranges={"x": (1.0, 0.0)})
     assert str(err.value) == "range for input 'x': low 1.0 is above high 0.0"
 
 

@@ -37,6 +37,17 @@ PROVIDERS: Mapping[str, str] = {
 }
 
 
+# The pip package whose onnxruntime build carries each provider; they all install the same
+# `onnxruntime` module, so one replaces another rather than joining it.
+_PACKAGES: Mapping[str, str] = {
+    "cuda": "onnxruntime-gpu",
+    "tensorrt": "onnxruntime-gpu",
+    "rocm": "onnxruntime-rocm",
+    "dml": "onnxruntime-directml",
+    "openvino": "onnxruntime-openvino",
+}
+
+
 _OPT_LEVELS = ("disable", "basic", "extended", "all")
 
 
@@ -68,7 +79,7 @@ class OrtBackend(BackendBase):
         if provider not in available:
             raise BackendUnavailableError(
                 f"backend {spec.text!r}: this onnxruntime {ort.__version__} build has no {provider}"
-                f" (available: {', '.join(available)}); install the onnxruntime package for it"
+                f" (available: {', '.join(available)}); {_install_hint(device)}"
             )
         self.providers = (
             [provider]
@@ -188,3 +199,10 @@ class OrtBackend(BackendBase):
         import onnxruntime as ort
 
         return {"onnxruntime": ort.__version__}
+
+
+def _install_hint(device: str) -> str:
+    package = _PACKAGES.get(device)
+    if package is None:  # coreml, cpu: in every wheel for the platforms that have them
+        return "onnxruntime's wheels have it on the platforms that support it"
+    return f"install the {package} package in place of onnxruntime (not beside it)"

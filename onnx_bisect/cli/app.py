@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from onnx_bisect.cli.commands import (
     backends_command,
@@ -14,30 +17,76 @@ from onnx_bisect.cli.commands import (
     run_command,
 )
 from onnx_bisect.cli.output import EXIT_USAGE, err
+from onnx_bisect.cli.params import VersionOpt
 
 __all__ = ["app", "bisect_app", "bisect_entry", "main_entry"]
+
+
+def _flag_without_type(option: Any) -> Any:
+    # typer labels the help flag <bool>, a Python type where the other flags show nothing.
+    if option is not None:
+        option.metavar = ""
+    return option
+
+
+class _Command(TyperCommand):
+    def get_help_option(self, ctx: Any) -> Any:
+        return _flag_without_type(super().get_help_option(ctx))
+
+
+class _Group(TyperGroup):
+    def get_help_option(self, ctx: Any) -> Any:
+        return _flag_without_type(super().get_help_option(ctx))
+
+
+_HELP_FLAGS = {"help_option_names": ["-h", "--help"]}
 
 app = typer.Typer(
     name="onnx-bisect",
     help="Find where an ONNX model's numbers go wrong on another backend.",
+    cls=_Group,
     add_completion=False,
-    no_args_is_help=True,
+    context_settings=_HELP_FLAGS,
     pretty_exceptions_enable=False,
 )
-bisect_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+bisect_app = typer.Typer(
+    add_completion=False, context_settings=_HELP_FLAGS, pretty_exceptions_enable=False
+)
 
-bisect_app.command(name="bisect")(run_command)
-app.command("run", help="Same as the `bisect` command.")(run_command)
-app.command("reduce")(reduce_command)
-app.command("repro")(repro_command)
-app.command("dump")(dump_command)
-app.command("backends")(backends_command)
+bisect_app.command(name="bisect", cls=_Command)(run_command)
+app.command("run", cls=_Command, help="Same as the `bisect` command.")(run_command)
+app.command("reduce", cls=_Command)(reduce_command)
+app.command("repro", cls=_Command)(repro_command)
+app.command("dump", cls=_Command)(dump_command)
+app.command("backends", cls=_Command)(backends_command)
 
 
-def _entry(typer_app: typer.Typer, prog: str) -> None:
+@app.callback(invoke_without_command=True)
+def _main(ctx: typer.Context, version: VersionOpt = False) -> None:
+    # No command is a usage error, as in click and git: the help, then exit 2 (no "error:"
+    # line, since the help says it all).
+    if ctx.invoked_subcommand is None:
+        text = ctx.get_help()  # rich prints it itself and returns ""
+        if text:
+            typer.echo(text)
+        raise typer.Exit(EXIT_USAGE)
+
+
+def _usage_error(exc: Exception) -> str:
+    """typer's usage error as one line. A bad value reads like our own errors, flag first:
+    ``--seed: 'x' is not an integer`` rather than ``Invalid value for '--seed': Value error,
+    ...`` (the validation library's prefix for a parser's ValueError)."""
+    # Exactly BadParameter: its subclass MissingParameter says "Missing option ..." well.
+    if type(exc) is typer.BadParameter and exc.param is not None and exc.param.opts:
+        flag = max(exc.param.opts, key=len)
+        return f"{flag}: {exc.message.removeprefix('Value error, ')}"
+    return str(exc.format_message())  # type: ignore[attr-defined]
+
+
+def _entry(typer_app: typer.Typer, prog: str, args: Sequence[str] | None) -> None:
     """Run an app, turning usage errors into one line and exit code 2."""
     try:
-        code = typer_app(prog_name=prog, standalone_mode=False)
+        code = typer_app(args=args, prog_name=prog, standalone_mode=False)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
@@ -45,15 +94,17 @@ def _entry(typer_app: typer.Typer, prog: str) -> None:
     except Exception as exc:
         # Typer vendors click in some releases and not others; match its usage errors by shape.
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
-            err.print(f"error: {exc.format_message()}", markup=False)
+            err.print(f"error: {_usage_error(exc)}", markup=False)
             sys.exit(EXIT_USAGE)
         raise
     sys.exit(code if isinstance(code, int) else 0)
 
 
-def bisect_entry() -> None:
-    _entry(bisect_app, "bisect")
+def bisect_entry(args: Sequence[str] | None = None) -> None:
+    """``bisect``; ``args`` default to the command line's."""
+    _entry(bisect_app, "bisect", args)
 
 
-def main_entry() -> None:
-    _entry(app, "onnx-bisect")
+def main_entry(args: Sequence[str] | None = None) -> None:
+    """``onnx-bisect``; ``args`` default to the command line's."""
+    _entry(app, "onnx-bisect", args)

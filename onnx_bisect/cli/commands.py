@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import shlex
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,20 +19,41 @@ from onnx_bisect.cli.params import (
     DEFAULTS,
     MAX_MEMORY_TEXT,
     THRESHOLD_TEXT,
+    AlwaysScanOpt,
+    AtolOpt,
+    BisectPassesOpt,
+    BundleMetricOpt,
+    BundleRefOpt,
+    BundleTargetOpt,
+    BundleThresholdOpt,
     DebugOpt,
+    FormatOpt,
     InputOpt,
+    IsolateCrashesOpt,
     MaxMemoryOpt,
-    MetricName,
+    MetricOpt,
     ModelArg,
-    PassMode,
+    NoiseEpsOpt,
+    NoiseKOpt,
+    PassesOpt,
+    QuietOpt,
     RangeOpt,
     RefOpt,
+    ReproOpt,
+    RtolOpt,
     SeedOpt,
     ShapeOpt,
-    StrategyName,
+    StrategyOpt,
+    TargetModelOpt,
     TargetOpt,
     ThresholdOpt,
+    TimeoutOpt,
+    TopKOpt,
+    TopOpt,
+    UnrollMaxOpt,
     ValueOpt,
+    VerboseOpt,
+    VersionOpt,
     by_input,
     parse_bytes,
     parse_range,
@@ -41,6 +61,7 @@ from onnx_bisect.cli.params import (
     parse_value,
 )
 from onnx_bisect.inputs.feeds import parse_shape
+from onnx_bisect.options import BisectOptions
 from onnx_bisect.report.files import check_formats, write_reports
 from onnx_bisect.repro.verify import run_bundle
 
@@ -51,103 +72,40 @@ def run_command(
     model: ModelArg,
     target: TargetOpt,
     ref: RefOpt = "cpu",
-    target_model: Annotated[
-        Path | None,
-        typer.Option(help="Run this other model on the target (e.g. an optimized copy)."),
-    ] = None,
+    target_model: TargetModelOpt = None,
     input: InputOpt = None,
     shape: ShapeOpt = None,
     value: ValueOpt = None,
     range_: RangeOpt = None,
     seed: SeedOpt = DEFAULTS.seed,
-    metric: Annotated[
-        MetricName, typer.Option(help="Metric that decides divergence.")
-    ] = DEFAULTS.metric,  # type: ignore[assignment]
+    metric: MetricOpt = DEFAULTS.metric,
     threshold: ThresholdOpt = THRESHOLD_TEXT,
-    noise_k: Annotated[
-        float, typer.Option(help="With --threshold auto: multiplier on each tensor's fp32 noise.")
-    ] = DEFAULTS.noise_k,
-    noise_eps: Annotated[
-        float, typer.Option(help="With --threshold auto: added to every threshold (rel_l2).")
-    ] = DEFAULTS.noise_eps,
-    atol: Annotated[
-        float | None, typer.Option(help="Use allclose semantics with this atol.")
-    ] = None,
-    rtol: Annotated[
-        float | None, typer.Option(help="Use allclose semantics with this rtol.")
-    ] = None,
+    noise_k: NoiseKOpt = DEFAULTS.noise_k,
+    noise_eps: NoiseEpsOpt = DEFAULTS.noise_eps,
+    atol: AtolOpt = None,
+    rtol: RtolOpt = None,
     max_memory: MaxMemoryOpt = MAX_MEMORY_TEXT,
-    strategy: Annotated[
-        StrategyName,
-        typer.Option(
-            help="scan: mark everything; bisect: search over cuts; auto: scan, then "
-            "bisect if marking outputs changes the target's result."
-        ),
-    ] = DEFAULTS.strategy,  # type: ignore[assignment]
-    isolate_crashes: Annotated[
-        bool | None,
-        typer.Option(
-            "--isolate-crashes/--no-isolate-crashes",
-            help="Run target steps in a child process so a crash is caught and localized "
-            "(always on for exec: targets).",
-            show_default=False,
-        ),
+    strategy: StrategyOpt = DEFAULTS.strategy,
+    isolate_crashes: IsolateCrashesOpt = None,
+    timeout: TimeoutOpt = None,
+    always_scan: AlwaysScanOpt = DEFAULTS.always_scan,
+    unroll_max: UnrollMaxOpt = DEFAULTS.unroll_max,
+    bisect_passes: BisectPassesOpt = DEFAULTS.bisect_passes,
+    passes: PassesOpt = "",
+    topk: TopKOpt = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", metavar="DIR", help="Write reports here.")
     ] = None,
-    timeout: Annotated[
-        float | None, typer.Option(help="Seconds per target run before it counts as a crash.")
-    ] = None,
-    always_scan: Annotated[
-        bool, typer.Option(help="Scan and isolate even when the final outputs agree.")
-    ] = DEFAULTS.always_scan,
-    unroll_max: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            help="Unroll a Loop that runs at most this many iterations for these inputs, so "
-            "its body's nodes are probed and can be named.",
-        ),
-    ] = DEFAULTS.unroll_max,
-    bisect_passes: Annotated[
-        PassMode,
-        typer.Option(
-            help="After a divergence, find which of the target's optimizer passes causes it "
-            "(auto: where the target has passes to switch off).",
-        ),
-    ] = DEFAULTS.bisect_passes,  # type: ignore[assignment]
-    passes: Annotated[
-        str,
-        typer.Option(
-            help="An exec: runtime's pass names, comma-separated; its command takes "
-            "{disable}, replaced by the passes to turn off.",
-        ),
-    ] = "",
-    topk: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="Task-level check: top-K label agreement, K[:OUTPUT][@AXIS][[START:STOP]] "
-            "(e.g. 5:logits, 1:output0@1[4:]). Repeatable; reported, not a verdict.",
-        ),
-    ] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write reports here.")] = None,
-    repro: Annotated[
-        bool,
-        typer.Option(
-            help="With --out and a divergence: write a verified repro bundle to OUT/repro."
-        ),
-    ] = True,
-    format: Annotated[
-        str, typer.Option("--format", "-f", help="Report formats: md,json,csv.")
-    ] = "md,json,csv",
-    top: Annotated[int, typer.Option(help="Rows in the terminal's top table.")] = 10,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the exit code.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress.")] = False,
+    repro: ReproOpt = True,
+    format: FormatOpt = "md,json,csv",
+    top: TopOpt = 10,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
     debug: DebugOpt = False,
+    version: VersionOpt = False,
 ) -> None:
     """Find the first node where TARGET departs from REF, and the node that causes it."""
-    logging.basicConfig(
-        level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    _log_level(verbose, debug)
     per_input = {"--shape": shape, "--value": value, "--range": range_}
     command = shlex.join(["bisect", *_argv_of(model, ref, target, input, out, per_input)])
     with user_errors(debug):
@@ -157,28 +115,30 @@ def run_command(
             model,
             ref=ref,
             target=target,
-            inputs=input,
-            **_generated(shape, value, range_),
-            seed=seed,
-            metric=str(metric.value if isinstance(metric, Enum) else metric),
-            threshold=parse_threshold(threshold),
-            noise_k=noise_k,
-            noise_eps=noise_eps,
-            atol=atol,
-            rtol=rtol,
-            max_memory=parse_bytes(max_memory),
-            always_scan=always_scan,
-            target_model=target_model,
-            topk=topk or (),
-            unroll_max=unroll_max,
-            bisect_passes=str(
-                bisect_passes.value if isinstance(bisect_passes, Enum) else bisect_passes
+            options=_options(
+                input=input,
+                shape=shape,
+                value=value,
+                range_=range_,
+                seed=seed,
+                metric=metric,
+                threshold=threshold,
+                noise_k=noise_k,
+                noise_eps=noise_eps,
+                atol=atol,
+                rtol=rtol,
+                max_memory=max_memory,
+                strategy=strategy,
+                isolate_crashes=isolate_crashes,
+                timeout=timeout,
+                target_model=target_model,
+                unroll_max=unroll_max,
+                bisect_passes=bisect_passes,
+                passes=tuple(p.strip() for p in passes.split(",") if p.strip()),
             ),
-            passes=tuple(p.strip() for p in passes.split(",") if p.strip()),
+            always_scan=always_scan,
+            topk=topk or (),
             repro=out / "repro" if repro and out is not None else None,
-            isolate_crashes=isolate_crashes,
-            timeout=timeout,
-            strategy=str(strategy.value if isinstance(strategy, Enum) else strategy),
             command=command,
         )
         written = write_reports(result, out, formats) if out is not None else []
@@ -192,6 +152,27 @@ def run_command(
     raise typer.Exit(EXIT_DIVERGED if result.diverged else EXIT_MATCH)
 
 
+def _options(
+    *,
+    input: Path | None,
+    shape: list[str] | None,
+    value: list[str] | None,
+    range_: list[str] | None,
+    threshold: str,
+    max_memory: str,
+    **as_typed: Any,
+) -> BisectOptions:
+    """What ``bisect`` and ``reduce`` share, from their flags: texts parsed, numbers as typed,
+    all of it checked by ``BisectOptions`` (whose errors name the option, shown as its flag)."""
+    return BisectOptions(
+        inputs=input,
+        **_generated(shape, value, range_),
+        threshold=parse_threshold(threshold),
+        max_memory=parse_bytes(max_memory),
+        **as_typed,
+    )
+
+
 def _generated(
     shape: list[str] | None, value: list[str] | None, range_: list[str] | None
 ) -> dict[str, Any]:
@@ -201,6 +182,13 @@ def _generated(
         "values": by_input("--value", value, parse_value),
         "ranges": by_input("--range", range_, parse_range),
     }
+
+
+def _log_level(verbose: bool, debug: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
 
 
 def _argv_of(
@@ -228,43 +216,89 @@ def _argv_of(
 def reduce_command(
     model: ModelArg,
     target: TargetOpt,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Bundle directory.")],
+    out: Annotated[Path, typer.Option("--out", "-o", metavar="DIR", help="Bundle directory.")],
     ref: RefOpt = "cpu",
+    target_model: TargetModelOpt = None,
     input: InputOpt = None,
     shape: ShapeOpt = None,
     value: ValueOpt = None,
     range_: RangeOpt = None,
     seed: SeedOpt = DEFAULTS.seed,
+    metric: MetricOpt = DEFAULTS.metric,
     threshold: ThresholdOpt = THRESHOLD_TEXT,
+    noise_k: NoiseKOpt = DEFAULTS.noise_k,
+    noise_eps: NoiseEpsOpt = DEFAULTS.noise_eps,
+    atol: AtolOpt = None,
+    rtol: RtolOpt = None,
+    max_memory: MaxMemoryOpt = MAX_MEMORY_TEXT,
+    strategy: StrategyOpt = DEFAULTS.strategy,
+    isolate_crashes: IsolateCrashesOpt = None,
+    timeout: TimeoutOpt = None,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Write a minimal, verified repro bundle for MODEL to OUT (no reports)."""
+    _log_level(verbose, debug)
     with user_errors(debug):
         result = run_bisect(
-            model, ref=ref, target=target, inputs=input, **_generated(shape, value, range_),
-            seed=seed, threshold=parse_threshold(threshold), repro=out,
-        )  # fmt: skip
-    console = stdout()
-    if result.repro is None:
-        console.print("No divergence: nothing to reduce.")
-        raise typer.Exit(EXIT_MATCH)
+            model,
+            ref=ref,
+            target=target,
+            options=_options(
+                input=input,
+                shape=shape,
+                value=value,
+                range_=range_,
+                seed=seed,
+                metric=metric,
+                threshold=threshold,
+                noise_k=noise_k,
+                noise_eps=noise_eps,
+                atol=atol,
+                rtol=rtol,
+                max_memory=max_memory,
+                strategy=strategy,
+                isolate_crashes=isolate_crashes,
+                timeout=timeout,
+                target_model=target_model,
+            ),
+            repro=out,
+        )
     r = result.repro
-    console.print(f"{r.path}: {len(r.nodes)} of {r.nodes_before} nodes, {r.runs} target runs")
-    console.print(("reproduces: " if r.reproduces else "NOT verified: ") + r.message)
-    raise typer.Exit(EXIT_DIVERGED)
+    if r is None:
+        lines = ["No divergence: nothing to reduce."]
+    else:
+        lines = [
+            f"{r.path}: {len(r.nodes)} of {r.nodes_before} nodes, {r.runs} target runs",
+            ("reproduces: " if r.reproduces else "NOT verified: ") + r.message,
+        ]
+    if not quiet:
+        console = stdout()
+        for line in lines:
+            console.print(line)
+    raise typer.Exit(EXIT_MATCH if r is None else EXIT_DIVERGED)
 
 
 def repro_command(
     bundle: Annotated[Path, typer.Argument(metavar="DIR", show_default=False)],
-    target: Annotated[
-        str | None, typer.Option("--target", "-t", help="Try another backend.")
-    ] = None,
+    target: BundleTargetOpt = None,
+    ref: BundleRefOpt = None,
+    metric: BundleMetricOpt = None,
+    threshold: BundleThresholdOpt = None,
+    atol: AtolOpt = None,
+    rtol: RtolOpt = None,
+    timeout: TimeoutOpt = None,
 ) -> None:
     """Re-run a repro bundle: exit 1 if it reproduces, 0 if not, 2 if DIR is not a bundle."""
-
+    changed = dict(metric=metric, threshold=threshold, atol=atol, rtol=rtol, timeout=timeout)
+    given: dict[str, Any] = {k: v for k, v in changed.items() if v is not None}
+    with user_errors(debug=False):
+        BisectOptions(**given)  # the rules of bisect's options, before the bundle runs
     if not (bundle / "repro.py").is_file() or not (bundle / "model.onnx").is_file():
         fail(f"{bundle}: not a repro bundle (no repro.py and model.onnx)")
-    code, output = run_bundle(bundle, target)
+    flags = {"--target": target, "--ref": ref, **{f"--{k}": v for k, v in given.items()}}
+    code, output = run_bundle(bundle, flags)
     if code not in (EXIT_MATCH, EXIT_DIVERGED):
         fail(f"{bundle}: repro.py could not run: {output.splitlines()[-1] if output else code}")
     stdout().print(output, markup=False)
@@ -273,25 +307,38 @@ def repro_command(
 
 def dump_command(
     model: ModelArg,
-    backend: Annotated[str, typer.Option("--backend", "-b", help="Backend to dump (spec).")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write.")],
+    backend: Annotated[
+        str, typer.Option("--backend", "-b", metavar="SPEC", help="Backend to dump (spec).")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", metavar="DIR", help="Directory to write.")],
     input: InputOpt = None,
     shape: ShapeOpt = None,
     value: ValueOpt = None,
     range_: RangeOpt = None,
     seed: SeedOpt = DEFAULTS.seed,
     max_memory: MaxMemoryOpt = MAX_MEMORY_TEXT,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Write every tensor BACKEND computes to OUT, to compare later with --target dump:OUT."""
     from onnx_bisect.dumper import dump
 
+    _log_level(verbose, debug)
     with user_errors(debug):
         done = dump(
-            model, backend, out, inputs=input, **_generated(shape, value, range_), seed=seed,
+            model,
+            backend,
+            out,
+            inputs=input,
+            **_generated(shape, value, range_),
+            seed=seed,
             max_memory=parse_bytes(max_memory),
-        )  # fmt: skip
-    stdout().print(f"{done.tensors} tensors from {backend} in {done.path}/ ({done.runs} run(s))")
+        )
+    if not quiet:
+        stdout().print(
+            f"{done.tensors} tensors from {backend} in {done.path}/ ({done.runs} run(s))"
+        )
 
 
 def backends_command() -> None:

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 import typer
 from rich.console import Console
 
+from onnx_bisect.cli.params import for_cli
 from onnx_bisect.errors import OnnxBisectError
 
 __all__ = [
@@ -34,7 +35,7 @@ def user_errors(debug: bool) -> Iterator[None]:
     try:
         yield
     except OnnxBisectError as exc:
-        fail(str(exc))
+        fail(for_cli(exc))
     except typer.BadParameter as exc:
         fail(exc.message)
     except typer.Exit:

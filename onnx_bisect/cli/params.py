@@ -1,38 +1,64 @@
-"""What the commands share: option declarations, their defaults (``BisectOptions()``, so the CLI
-and the API cannot disagree), and the parsing of sizes, thresholds and choices."""
+"""What the commands share: every option's declaration (flag, help, metavar), their defaults
+(``BisectOptions()``, so the CLI and the API cannot disagree), the parsing of the values typed
+on a command line, and the flag that stands for each API parameter in an error."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
 
+from onnx_bisect import __version__
 from onnx_bisect.compare.metrics import METRICS
-from onnx_bisect.options import STRATEGIES, BisectOptions
+from onnx_bisect.errors import OnnxBisectError
+from onnx_bisect.options import PASS_MODES, STRATEGIES, BisectOptions
 
 __all__ = [
+    "AlwaysScanOpt",
+    "AtolOpt",
+    "BisectPassesOpt",
+    "BundleMetricOpt",
+    "BundleRefOpt",
+    "BundleTargetOpt",
+    "BundleThresholdOpt",
     "DEFAULTS",
     "DebugOpt",
+    "FLAGS",
+    "FormatOpt",
     "InputOpt",
+    "IsolateCrashesOpt",
     "MAX_MEMORY_TEXT",
     "MaxMemoryOpt",
-    "MetricName",
+    "MetricOpt",
     "ModelArg",
-    "PassMode",
+    "NoiseEpsOpt",
+    "NoiseKOpt",
+    "PassesOpt",
+    "QuietOpt",
     "RangeOpt",
     "RefOpt",
+    "ReproOpt",
+    "RtolOpt",
     "SeedOpt",
     "ShapeOpt",
-    "StrategyName",
+    "StrategyOpt",
     "THRESHOLD_TEXT",
+    "TargetModelOpt",
     "TargetOpt",
     "ThresholdOpt",
+    "TimeoutOpt",
+    "TopOpt",
+    "UnrollMaxOpt",
+    "TopKOpt",
     "ValueOpt",
+    "VerboseOpt",
+    "VersionOpt",
     "by_input",
+    "for_cli",
     "format_bytes",
     "parse_bytes",
     "parse_range",
@@ -44,26 +70,80 @@ T = TypeVar("T")
 
 DEFAULTS = BisectOptions()
 
+# The flag of each ``bisect()`` parameter that has one: an error about a parameter's value
+# leads with its name (``OnnxBisectError.option``), which the CLI shows as the flag typed.
+FLAGS = {
+    "inputs": "--input",
+    "shapes": "--shape",
+    "values": "--value",
+    "ranges": "--range",
+    "seed": "--seed",
+    "metric": "--metric",
+    "threshold": "--threshold",
+    "noise_k": "--noise-k",
+    "noise_eps": "--noise-eps",
+    "atol": "--atol",
+    "rtol": "--rtol",
+    "max_memory": "--max-memory",
+    "always_scan": "--always-scan",
+    "strategy": "--strategy",
+    "isolate_crashes": "--isolate-crashes",
+    "timeout": "--timeout",
+    "target_model": "--target-model",
+    "topk": "--topk",
+    "unroll_max": "--unroll-max",
+    "bisect_passes": "--bisect-passes",
+    "passes": "--passes",
+}
 
-MetricName = Enum("MetricName", {m: m for m in METRICS}, type=str)  # type: ignore[misc]
+
+def for_cli(exc: OnnxBisectError) -> str:
+    """The error as the command line says it: the parameter it leads with as its flag."""
+    text, option = str(exc), exc.option
+    if option is None or option not in FLAGS:
+        return text
+    return FLAGS[option] + text.removeprefix(option)
 
 
-StrategyName = Enum("StrategyName", {s: s for s in STRATEGIES}, type=str)  # type: ignore[misc]
+# --- values typed on the command line --------------------------------------------------------
+# typer's parser= functions: a ValueError becomes "--flag: <message>" (cli/app.py), in our
+# words rather than the validation library's.
 
 
-PassMode = Enum("PassMode", {m: m for m in ("auto", "on", "off")}, type=str)  # type: ignore[misc]
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an integer") from None
+
+
+def _real(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+
+
+def _count(text: str) -> int:
+    value = _integer(text)
+    if value < 0:
+        raise ValueError(f"must be an integer >= 0, got {value}")
+    return value
 
 
 def parse_bytes(text: str) -> int:
-    """``4GB``, ``512MiB``, ``1e9`` -> bytes."""
-    m = re.fullmatch(r"\s*([\d.eE+]+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
-    if not m:
-        raise typer.BadParameter(f"{text!r} is not a size; try 4GB or 512MB")
+    """``4GB``, ``512MiB``, ``1e9`` -> bytes; whether the budget is enough is the options'
+    check (BisectOptions), and the model's (the largest tensor)."""
+    m = re.fullmatch(r"\s*(\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
+    size = float(m[1]) if m else math.nan
+    if not m or not math.isfinite(size):
+        raise typer.BadParameter(f"--max-memory {text!r} is not a size; try 4GB or 512MB")
     scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m[2].lower()]
-    return int(float(m[1]) * scale)
+    return int(size * scale)
 
 
 def parse_threshold(text: str) -> float | str:
+    """A number or ``auto``; which numbers a metric accepts is the options' check."""
     if text.strip().lower() == "auto":
         return "auto"
     try:
@@ -133,17 +213,36 @@ def format_bytes(n: int) -> str:
     return str(n)
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"onnx-bisect {__version__}")
+        raise typer.Exit(0)
+
+
 # The defaults as the CLI shows and parses them.
 MAX_MEMORY_TEXT = format_bytes(DEFAULTS.max_memory)
 THRESHOLD_TEXT = str(DEFAULTS.threshold)
 
+# --- the declarations ------------------------------------------------------------------------
+# Every metavar is spelled out: typer's own (<str>, <bool>, <list[str]>) name Python types,
+# not what to type. Flags take none.
+
 ModelArg = Annotated[
     Path, typer.Argument(help="The ONNX model.", metavar="MODEL", show_default=False)
 ]
-TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Backend under test (spec).")]
-RefOpt = Annotated[str, typer.Option("--ref", "-r", help="Trusted backend (spec).")]
+TargetOpt = Annotated[
+    str, typer.Option("--target", "-t", metavar="SPEC", help="Backend under test (spec).")
+]
+RefOpt = Annotated[str, typer.Option("--ref", "-r", metavar="SPEC", help="Trusted backend (spec).")]
+TargetModelOpt = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="MODEL", help="Run this other model on the target (e.g. an optimized copy)."
+    ),
+]
 InputOpt = Annotated[
-    Path | None, typer.Option("--input", "-i", help=".npz, .npy or test-case dir of .pb")
+    Path | None,
+    typer.Option("--input", "-i", metavar="PATH", help=".npz, .npy or test-case dir of .pb"),
 ]
 ShapeOpt = Annotated[
     list[str] | None,
@@ -173,15 +272,165 @@ RangeOpt = Annotated[
         "HIGH] (both included) for integer inputs. Repeat for each input.",
     ),
 ]
-SeedOpt = Annotated[int, typer.Option(help="Seed for generated inputs.")]
+SeedOpt = Annotated[
+    int, typer.Option(parser=_integer, metavar="N", help="Seed for generated inputs (>= 0).")
+]
+MetricOpt = Annotated[
+    str,
+    typer.Option(
+        metavar="NAME",
+        help=f"Metric that decides divergence: {', '.join(METRICS)}.",
+    ),
+]
 ThresholdOpt = Annotated[
     str,
     typer.Option(
+        metavar="X|auto",
         help="Divergence threshold for --metric, or 'auto': k × each tensor's fp32 noise "
-        "(measured against a float64 reference) + eps."
+        "(measured against a float64 reference) + eps.",
     ),
 ]
-MaxMemoryOpt = Annotated[
-    str, typer.Option(help="Most probe output bytes one run may hold, e.g. 4GB, 256MB.")
+NoiseKOpt = Annotated[
+    float,
+    typer.Option(
+        parser=_real,
+        metavar="K",
+        help="With --threshold auto: multiplier on each tensor's fp32 noise.",
+    ),
 ]
-DebugOpt = Annotated[bool, typer.Option(help="Show tracebacks for internal errors.")]
+NoiseEpsOpt = Annotated[
+    float,
+    typer.Option(
+        parser=_real,
+        metavar="EPS",
+        help="With --threshold auto: added to every threshold (rel_l2).",
+    ),
+]
+AtolOpt = Annotated[
+    float | None,
+    typer.Option(parser=_real, metavar="X", help="Use allclose semantics with this atol."),
+]
+RtolOpt = Annotated[
+    float | None,
+    typer.Option(parser=_real, metavar="X", help="Use allclose semantics with this rtol."),
+]
+MaxMemoryOpt = Annotated[
+    str,
+    typer.Option(metavar="SIZE", help="Most probe output bytes one run may hold, e.g. 4GB, 256MB."),
+]
+StrategyOpt = Annotated[
+    str,
+    typer.Option(
+        metavar="|".join(STRATEGIES),
+        help="scan: mark everything; bisect: search over cuts; auto: scan, then bisect if "
+        "marking outputs changes the target's result.",
+    ),
+]
+IsolateCrashesOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--isolate-crashes/--no-isolate-crashes",
+        metavar="",
+        help="Run target steps in a child process so a crash is caught and localized "
+        "(always on for exec: targets).",
+        show_default=False,
+    ),
+]
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        parser=_real,
+        metavar="SECONDS",
+        help="Seconds per target run before it counts as a crash.",
+    ),
+]
+UnrollMaxOpt = Annotated[
+    int,
+    typer.Option(
+        parser=_count,
+        metavar="N",
+        help="Unroll a Loop or Scan that runs at most N iterations for these inputs, so its "
+        "body's nodes are probed and can be named.",
+    ),
+]
+BisectPassesOpt = Annotated[
+    str,
+    typer.Option(
+        metavar="|".join(PASS_MODES),
+        help="After a divergence, find which of the target's optimizer passes causes it "
+        "(auto: where the target has passes to switch off; on: also say when it has none).",
+    ),
+]
+PassesOpt = Annotated[
+    str,
+    typer.Option(
+        metavar="A,B,C",
+        help="An exec: runtime's pass names; its command takes {disable}, replaced by the "
+        "passes to turn off.",
+    ),
+]
+AlwaysScanOpt = Annotated[
+    bool, typer.Option(metavar="", help="Scan and isolate even when the final outputs agree.")
+]
+TopKOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        metavar="K[:OUTPUT]",
+        help="Task-level check: top-K label agreement, K[:OUTPUT]\\[@AXIS][[START:STOP]] "
+        "(e.g. 5:logits, 1:output0@1[4:]). Repeatable; reported, not a verdict.",
+    ),
+]
+ReproOpt = Annotated[
+    bool,
+    typer.Option(
+        metavar="", help="With --out and a divergence: write a verified repro bundle to OUT/repro."
+    ),
+]
+FormatOpt = Annotated[
+    str,
+    typer.Option("--format", "-f", metavar="FORMATS", help="Report formats: md,json,csv."),
+]
+TopOpt = Annotated[
+    int,
+    typer.Option(parser=_count, metavar="N", help="Rows in the terminal's top table (>= 0)."),
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="Only the exit code.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", metavar="", help="Log progress.")]
+DebugOpt = Annotated[bool, typer.Option(metavar="", help="Show tracebacks for internal errors.")]
+# repro: repro.py's own options, whose defaults are what the bundle recorded.
+BundleRefOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ref", "-r", metavar="SPEC", help="Trusted backend (spec); default: the bundle's."
+    ),
+]
+BundleTargetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--target", "-t", metavar="SPEC", help="Backend under test (spec); default: the bundle's."
+    ),
+]
+BundleMetricOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="NAME",
+        help=f"Metric that decides divergence: {', '.join(METRICS)}; default: the bundle's.",
+    ),
+]
+BundleThresholdOpt = Annotated[
+    float | None,
+    typer.Option(
+        parser=_real, metavar="X", help="Divergence threshold for --metric; default: the bundle's."
+    ),
+]
+VersionOpt = Annotated[
+    bool,
+    typer.Option(
+        "--version",
+        metavar="",
+        callback=_show_version,
+        is_eager=True,
+        expose_value=False,
+        help="Show the version and exit.",
+    ),
+]

@@ -54,7 +54,7 @@ class Criterion:
         if self.metric not in METRICS:
             raise ValueError(f"unknown metric {self.metric!r}; choose from {', '.join(METRICS)}")
         if self.noise is not None and (self.metric != "rel_l2" or self.allclose):
-            raise ValueError("a noise-floor threshold (--threshold auto) needs --metric rel_l2")
+            raise ValueError("a noise-floor threshold (threshold='auto') needs metric rel_l2")
 
     def renamed(self, pairs: Mapping[str, str]) -> Criterion:
         """The criterion for another model's tensors: ``pairs`` maps each to the reference

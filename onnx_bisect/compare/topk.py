@@ -117,8 +117,9 @@ def parse_topk(text: str) -> TopKSpec:
     m = _GRAMMAR.match(text.strip())
     if not m or int(m["k"]) < 1:
         raise InputError(
-            f"--topk {text!r}: expected K[:OUTPUT][@AXIS][[START:STOP]], e.g. 5, 5:logits or "
-            "1:output0@1[4:]"
+            f"topk {text!r}: expected K[:OUTPUT][@AXIS][[START:STOP]], e.g. 5, 5:logits or "
+            "1:output0@1[4:]",
+            option="topk",
         )
 
     def bound(s: str | None) -> int | None:
@@ -143,7 +144,9 @@ def topk_checks(
     for spec in specs:
         if spec.output is not None and spec.output not in ref:
             known = ", ".join(sorted(ref)) or "none"
-            raise InputError(f"--topk {spec.text}: no output {spec.output!r}; outputs: {known}")
+            raise InputError(
+                f"topk {spec.text}: no output {spec.output!r}; outputs: {known}", option="topk"
+            )
         names = [spec.output] if spec.output else [n for n in ref if _is_float(ref[n])]
         for name in names:
             if name in target:
@@ -156,7 +159,9 @@ def topk_check(
 ) -> TopKCheck:
     """Top-k label agreement along ``spec.axis`` for every position of the other axes."""
     if ref.shape != target.shape or ref.ndim == 0:
-        raise InputError(f"--topk {spec.text}: {name} has shape {ref.shape} vs {target.shape}")
+        raise InputError(
+            f"topk {spec.text}: {name} has shape {ref.shape} vs {target.shape}", option="topk"
+        )
     axis = spec.axis % ref.ndim
     sl = [slice(None)] * ref.ndim
     sl[axis] = slice(spec.start, spec.stop)
@@ -164,7 +169,10 @@ def topk_check(
     b = np.moveaxis(np.asarray(target, np.float64)[tuple(sl)], axis, -1)
     labels = a.shape[-1]
     if labels < spec.k:
-        raise InputError(f"--topk {spec.text}: {name} has only {labels} label(s) along axis {axis}")
+        raise InputError(
+            f"topk {spec.text}: {name} has only {labels} label(s) along axis {axis}",
+            option="topk",
+        )
     rows_shape = a.shape[:-1]
     a2, b2 = a.reshape(-1, labels), b.reshape(-1, labels)
     top_a, top_b = _top(a2, spec.k), _top(b2, spec.k)

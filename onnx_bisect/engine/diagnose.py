@@ -25,6 +25,7 @@ from onnx_bisect.engine.failure import failure_search
 from onnx_bisect.engine.found import Found
 from onnx_bisect.engine.observe import Float64Run, Observed, measure_float64, screen
 from onnx_bisect.engine.precision import precision_notes
+from onnx_bisect.engine.runs import check_budget
 from onnx_bisect.engine.session import Feeds, Session, Setup, StageTimer
 from onnx_bisect.engine.strategies import STRATEGIES, choose
 from onnx_bisect.errors import BackendError, InputError
@@ -125,6 +126,7 @@ def open_session(setup: Setup, feeds: Feeds, scratch: Path, timer: StageTimer) -
     per-tensor noise floors measured against float64 for ``--threshold auto``."""
     loaded, options = setup.loaded, setup.options
     sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))
+    check_budget(loaded.probes, sizes, options.max_memory)
     crit = options.criterion()
     session = Session(setup, feeds, crit, sizes, scratch, timer=timer, notes=list(setup.notes))
     if options.auto_threshold:
@@ -284,5 +286,6 @@ def _check_topk_outputs(specs: tuple[TopKSpec, ...], loaded: LoadedModel) -> Non
         if spec.output is not None and spec.output not in loaded.outputs:
             known = ", ".join(loaded.outputs)
             raise InputError(
-                f"--topk {spec.text}: the model has no output {spec.output!r} (outputs: {known})"
+                f"topk {spec.text}: the model has no output {spec.output!r} (outputs: {known})",
+                option="topk",
             )

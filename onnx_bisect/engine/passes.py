@@ -22,11 +22,9 @@ from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError, OnnxBisectError
 from onnx_bisect.result import PassBisection, PassOutcome
 
-__all__ = ["PASS_MODES", "bisect_passes"]
+__all__ = ["bisect_passes"]
 
 log = logging.getLogger(__name__)
-
-PASS_MODES = ("auto", "on", "off")
 
 
 def bisect_passes(session: Session, screened: Observed) -> PassBisection | None:

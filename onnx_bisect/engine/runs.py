@@ -18,9 +18,9 @@ import numpy.typing as npt
 import onnx
 
 from onnx_bisect.backends.protocol import Backend, Tensors
-from onnx_bisect.errors import BackendError
+from onnx_bisect.errors import BackendError, InputError
 
-__all__ = ["RunStats", "plan_chunks", "run_pair", "timed_run"]
+__all__ = ["RunStats", "check_budget", "plan_chunks", "run_pair", "timed_run"]
 
 T = TypeVar("T")
 
@@ -65,6 +65,23 @@ def plan_chunks(
     if current:
         chunks.append(current)
     return chunks
+
+
+def check_budget(names: Sequence[str], sizes: Mapping[str, int | None], budget: int) -> None:
+    """A budget below the largest of ``names`` would still run that tensor, alone: one run per
+    tensor, hundreds of them on a small model, and the budget broken all the same. Known once
+    shapes are inferred, so it fails before any run."""
+    known = [(size, name) for name in names if (size := sizes.get(name)) is not None]
+    if not known:
+        return
+    largest, name = max(known)
+    if budget < largest:
+        kib = -(-largest // 1024)
+        raise InputError(
+            f"max_memory {budget} cannot hold the largest tensor, {name!r} ({largest} bytes); "
+            f"give at least {largest} ({kib}KB)",
+            option="max_memory",
+        )
 
 
 def timed_run(

@@ -48,8 +48,9 @@ def generate_feeds(
     unknown = sorted(set(shapes) - {s.name for s in specs})
     if unknown:
         raise InputError(
-            f"--shape names unknown input(s) {', '.join(unknown)}; model inputs are "
-            f"{', '.join(s.name for s in specs)}"
+            f"shapes names unknown input(s) {', '.join(unknown)}; model inputs are "
+            f"{', '.join(s.name for s in specs)}",
+            option="shapes",
         )
     fills = fills_for(specs, values, ranges)
     rng = np.random.default_rng(seed)
@@ -68,7 +69,7 @@ def generate_feeds(
 def load_feeds(path: Path, specs: Sequence[InputSpec]) -> Feeds:
     """Inputs from .npz (keyed by input name), .npy (single-input models) or a test-case dir."""
     if not path.exists():
-        raise InputError(f"--input {path}: no such file or directory")
+        raise InputError(f"inputs {path}: no such file or directory", option="inputs")
     if path.is_dir():
         return _load_pb_dir(path, specs)
     try:
@@ -79,15 +80,19 @@ def load_feeds(path: Path, specs: Sequence[InputSpec]) -> Feeds:
             if len(specs) != 1:
                 names = ", ".join(s.name for s in specs)
                 raise InputError(
-                    f"--input {path}: a .npy holds one tensor but the model has {len(specs)} "
-                    f"inputs ({names}); use a .npz keyed by input name"
+                    f"inputs {path}: a .npy holds one tensor but the model has {len(specs)} "
+                    f"inputs ({names}); use a .npz keyed by input name",
+                    option="inputs",
                 )
             return {specs[0].name: np.load(path, allow_pickle=False)}
     except InputError:
         raise
     except Exception as exc:
-        raise InputError(f"--input {path}: cannot read ({str(exc).splitlines()[0]})") from exc
-    raise InputError(f"--input {path}: expected .npz, .npy or a directory of input_N.pb files")
+        first = str(exc).splitlines()[0]
+        raise InputError(f"inputs {path}: cannot read ({first})", option="inputs") from exc
+    raise InputError(
+        f"inputs {path}: expected .npz, .npy or a directory of input_N.pb files", option="inputs"
+    )
 
 
 def _load_pb_dir(path: Path, specs: Sequence[InputSpec]) -> Feeds:
@@ -95,14 +100,14 @@ def _load_pb_dir(path: Path, specs: Sequence[InputSpec]) -> Feeds:
     data_dir = sets[0] if sets and not list(path.glob("input_*.pb")) else path
     files = sorted(data_dir.glob("input_*.pb"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
     if not files:
-        raise InputError(f"--input {path}: no input_N.pb files found")
+        raise InputError(f"inputs {path}: no input_N.pb files found", option="inputs")
     feeds: Feeds = {}
     for i, f in enumerate(files):
         t = onnx.TensorProto()
         try:
             t.ParseFromString(f.read_bytes())
         except Exception as exc:
-            raise InputError(f"--input {f}: not a TensorProto ({exc})") from exc
+            raise InputError(f"inputs {f}: not a TensorProto ({exc})", option="inputs") from exc
         name = t.name or (specs[i].name if i < len(specs) else f.stem)
         feeds[name] = numpy_helper.to_array(t)
     return feeds
@@ -155,8 +160,9 @@ def make_feeds(
     specs = input_specs(model)
     if inputs is not None and shapes:
         raise InputError(
-            "--shape applies to generated inputs only; the shapes of --input tensors are used "
-            "as they are (drop --shape)"
+            "shapes: for generated inputs only, and the inputs are given; they keep their own "
+            "shapes (leave shapes out)",
+            option="shapes",
         )
     if inputs is not None and (values or ranges):
         # Given inputs must hold every input (see validate_feeds), so nothing is left to fill.

@@ -28,16 +28,20 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     else:
         name, sep, dims = text.rpartition("=")
         if not sep or not name:
-            raise InputError(f"--shape {text!r}: expected NAME=1x3x640x640 or NAME:[1,3,640,640]")
+            raise InputError(
+                f"shapes {text!r}: expected NAME=1x3x640x640 or NAME:[1,3,640,640]",
+                option="shapes",
+            )
     try:
         shape = tuple(int(d) for d in re.split(r"[x,]", dims.strip()))
     except ValueError:
         raise InputError(
-            f"--shape {text!r}: dims must be integers, e.g. {name}=1x3x640x640"
+            f"shapes {text!r}: dims must be integers, e.g. {name}=1x3x640x640", option="shapes"
         ) from None
-    if any(d < 0 for d in shape):
+    if any(d < 1 for d in shape):
         raise InputError(
-            f"--shape {text!r}: dims must be >= 0 (where the model says -1, give the size)"
+            f"shapes {text!r}: dims must be >= 1 (where the model says -1 or 0, give the size)",
+            option="shapes",
         )
     return name, shape
 
@@ -56,17 +60,19 @@ def default_dim(index: int, dim: Dim) -> int | None:
 
 def resolve_shape(spec: InputSpec, given: Sequence[int] | None) -> tuple[int, ...]:
     """``given`` checked against the fixed dims and the rank, else the defaults; dynamic dims
-    without a default are an error that shows the --shape to type."""
+    without a default are an error that shows the shape to give."""
     if given is not None:
         if len(given) != len(spec.dims):
             raise InputError(
-                f"--shape {spec.name}: rank {len(given)} but the model's input has rank "
-                f"{len(spec.dims)} {format_dims(spec.dims)}"
+                f"shapes {spec.name}: rank {len(given)} but the model's input has rank "
+                f"{len(spec.dims)} {format_dims(spec.dims)}",
+                option="shapes",
             )
         for i, (want, got) in enumerate(zip(spec.dims, given, strict=True)):
             if isinstance(want, int) and want != got:
                 raise InputError(
-                    f"--shape {spec.name}: dim {i} is {got} but the model fixes it to {want}"
+                    f"shapes {spec.name}: dim {i} is {got} but the model fixes it to {want}",
+                    option="shapes",
                 )
         return tuple(given)
     shape = [default_dim(i, d) for i, d in enumerate(spec.dims)]
@@ -78,7 +84,8 @@ def resolve_shape(spec: InputSpec, given: Sequence[int] | None) -> tuple[int, ..
     if unset:
         example = "x".join("?" if s is None else str(s) for s in shape)
         raise InputError(
-            f"input {spec.name!r} {format_dims(spec.dims)} has dynamic {', '.join(unset)}; "
-            f"set them with --shape {spec.name}={example}"
+            f"shapes: input {spec.name!r} {format_dims(spec.dims)} has dynamic "
+            f"{', '.join(unset)}; give its shape, e.g. {spec.name}={example}",
+            option="shapes",
         )
     return tuple(s for s in shape if s is not None)

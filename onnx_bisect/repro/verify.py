@@ -72,13 +72,17 @@ def rerun_in_process(
 
 
 def run_bundle(
-    bundle: Path, target: str | None = None, timeout: float = VERIFY_TIMEOUT_S
+    bundle: Path,
+    flags: Mapping[str, str | float | None] | None = None,
+    timeout: float = VERIFY_TIMEOUT_S,
 ) -> tuple[int, str]:
     """Run ``bundle/repro.py`` in a fresh interpreter: its exit code (1 reproduces, 0 does not,
-    2 could not run) and everything it printed."""
+    2 could not run) and everything it printed. ``flags``: repro.py's options to change
+    (``{"--target": "cpu"}``), None for the bundle's own."""
     argv = [sys.executable, str(bundle / "repro.py"), "--dir", str(bundle)]
-    if target is not None:
-        argv += ["--target", target]
+    for flag, value in (flags or {}).items():
+        if value is not None:
+            argv += [flag, str(value)]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
