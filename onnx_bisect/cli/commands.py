@@ -40,7 +40,8 @@ from onnx_bisect.cli.params import (
     parse_value,
 )
 from onnx_bisect.inputs.feeds import parse_shape
-from onnx_bisect.report.files import check_formats, write_reports
+from onnx_bisect.report.files import REPORT_FILES, check_formats, staged_out
+from onnx_bisect.repro.bundle import BUNDLE_FILES
 from onnx_bisect.repro.verify import run_bundle
 
 __all__ = ["backends_command", "dump_command", "reduce_command", "repro_command", "run_command"]
@@ -127,7 +128,7 @@ def run_command(
     )
     per_input = {"--shape": shape, "--value": value, "--range": range_}
     command = shlex.join(["bisect", *_argv_of(model, ref, target, input, out, per_input)])
-    with user_errors(debug):
+    with user_errors(debug), staged_out(out, bundle_name="repro", owned=REPORT_FILES) as staged:
         formats = [f.strip() for f in format.split(",") if f.strip()]
         check_formats(formats)  # before the diagnosis, not after it
         result = run_bisect(
@@ -147,20 +148,23 @@ def run_command(
             always_scan=always_scan,
             target_model=target_model,
             topk=topk or (),
-            repro=out / "repro" if repro and out is not None else None,
+            repro=staged.bundle if repro else None,
             isolate_crashes=isolate_crashes,
             timeout=timeout,
             strategy=str(strategy.value if isinstance(strategy, Enum) else strategy),
             command=command,
         )
-        written = write_reports(result, out, formats) if out is not None else []
+        published = staged.publish(result, formats)
+    result = published.result
     if not quiet:
         from onnx_bisect.report import print_summary
 
         console = stdout()
         print_summary(result, console, top=top)
-        if written:
+        if published.written:
             console.print(f"[dim]reports in {out}/[/]")
+        if kept := published.kept_line():
+            console.print(kept, markup=False)
     raise typer.Exit(EXIT_DIVERGED if result.diverged else EXIT_MATCH)
 
 
@@ -211,12 +215,16 @@ def reduce_command(
     debug: DebugOpt = False,
 ) -> None:
     """Write a minimal, verified repro bundle for MODEL to OUT (no reports)."""
-    with user_errors(debug):
+    with user_errors(debug), staged_out(out, bundle_name="", owned=BUNDLE_FILES) as staged:
         result = run_bisect(
             model, ref=ref, target=target, inputs=input, **_generated(shape, value, range_),
-            seed=seed, threshold=parse_threshold(threshold), repro=out,
+            seed=seed, threshold=parse_threshold(threshold), repro=staged.bundle,
         )  # fmt: skip
+        published = staged.publish(result)
+    result = published.result
     console = stdout()
+    if kept := published.kept_line():
+        console.print(kept, markup=False)
     if result.repro is None:
         console.print("No divergence: nothing to reduce.")
         raise typer.Exit(EXIT_MATCH)
