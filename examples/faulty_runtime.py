@@ -2,7 +2,7 @@
 """A SIMULATED faulty runtime for the exec: protocol: ONNX Runtime with a planted kernel bug.
 
     python examples/faulty_runtime.py MODEL INPUTS OUTPUTS [--fault NODE=0.05] [--reject OP]
-        [--pattern-fault NODE=F] [--hidden-fault NODE=F] [--abort-on NODE]
+        [--pattern-fault NODE=F] [--hidden-fault NODE=F] [--abort-on NODE] [--sleep S]
 
 It runs MODEL on INPUTS (.npz keyed by input name) with ONNX Runtime and writes OUTPUTS (.npz
 keyed by output name), exactly as the exec: protocol asks (docs/exec-protocol.md). With
@@ -23,6 +23,10 @@ check are simulated too:
   PASS2) is on: a fusion pass bug. ``--disable A,B`` turns passes off, as a runtime flag
   would; with ``--disable {disable}`` in the exec: command and ``--passes`` naming the
   passes, onnx-bisect finds which pass breaks it.
+
+For tests that must catch it mid-run (Ctrl-C): ``--sleep SECONDS`` makes every run that slow,
+and ``--mark FILE`` appends a line per run to FILE as it starts (``<pid> <nodes> <model path>``),
+so that a test can wait for a given run instead of guessing how long to sleep.
 
 It needs only onnx, numpy and onnxruntime, so it doubles as a template for wrapping your own
 runtime.
@@ -123,9 +127,15 @@ def main(argv: list[str]) -> int:
         "--pass-fault", action="append", default=[], help="PASS[+PASS2]:NODE=F, pass on only"
     )
     p.add_argument("--disable", default="", help="comma-separated passes to turn off")
+    p.add_argument("--sleep", type=float, default=0.0, help="seconds every run takes longer")
+    p.add_argument("--mark", help="append '<pid> <nodes> <model>' to this file per run")
     args = p.parse_args(argv)
     model = onnx.load(args.model)
     present = {n.name for n in model.graph.node}
+    if args.mark:
+        with open(args.mark, "a") as f:
+            f.write(f"{os.getpid()} {len(model.graph.node)} {args.model}\n")
+    time.sleep(args.sleep)
     if any(name in present for name in args.abort_on):
         os.abort()
     if any(name in present for name in args.hang_on):

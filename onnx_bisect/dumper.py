@@ -19,11 +19,14 @@ from onnx_bisect.backends.environment import environment
 from onnx_bisect.backends.protocol import Tensors
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.engine.observe import probe_runs
+from onnx_bisect.engine.recorded import run_feeds
 from onnx_bisect.engine.runs import RunStats, check_budget, timed_run
+from onnx_bisect.errors import InputError
 from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
-from onnx_bisect.inputs.feeds import make_feeds, save_npz
+from onnx_bisect.inputs.feeds import save_npz
 from onnx_bisect.options import DEFAULT_MAX_MEMORY, BisectOptions
+from onnx_bisect.report.outdir import check_out_dir, is_stage_name, replace_owned, staging_dir
 
 __all__ = ["DumpResult", "dump"]
 
@@ -47,34 +50,70 @@ def dump(
     seed: int = 0,
     max_memory: int = DEFAULT_MAX_MEMORY,
 ) -> DumpResult:
-    """Write every top-level tensor ``backend`` computes, plus the inputs and a manifest."""
+    """Write every top-level tensor ``backend`` computes, plus the inputs and a manifest.
+
+    ``out`` holds one dump: an earlier dump there is replaced as a set, and a directory that
+    holds anything else is refused, before anything runs. The files are written beside it and
+    renamed into place, so an interruption leaves the earlier dump or the new one.
+    """
     # The options it shares with bisect(), checked by the same rules.
     BisectOptions(shapes=shapes, values=values, ranges=ranges, seed=seed, max_memory=max_memory)
+    directory = Path(out)
+    check_out_dir(directory)
+    earlier = _earlier_dump(directory)
     loaded = load_model(model)
-    feeds = make_feeds(
-        loaded.model, inputs=inputs, shapes=shapes, values=values, ranges=ranges, seed=seed
-    )
+    runner = create_backend(backend)
+    feeds = run_feeds(
+        loaded.model, [runner], inputs=inputs, shapes=shapes, values=values, ranges=ranges,
+        seed=seed,
+    )  # fmt: skip
     sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))
     check_budget(loaded.probes, sizes, max_memory)
-    runner = create_backend(backend)
-    directory = Path(out)
-    directory.mkdir(parents=True, exist_ok=True)
     stats = RunStats()
 
     def run(marked: onnx.ModelProto) -> Tensors:
         return timed_run(runner, marked, feeds, "target", stats)
 
-    for chunk, computed in probe_runs(loaded.model, loaded.probes, sizes, max_memory, run):
-        for name in chunk:
-            np.save(directory / file_name(name), np.asarray(computed[name]), allow_pickle=False)
-    save_npz(directory / INPUTS_FILE, feeds)
-    manifest = {
-        "model": str(loaded.path) if loaded.path else "<in-memory ModelProto>",
-        "backend": backend,
-        "description": runner.describe(),
-        "versions": environment(runner),
-        "tensors": {name: file_name(name) for name in loaded.probes},
-        "naming": "file = percent-encoded tensor name + '.npy' (onnx_bisect.backends.dump)",
-    }
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    return DumpResult(directory, len(loaded.probes), stats.runs.get("target", 0))
+    written: dict[str, str] = {}
+    with staging_dir(directory) as stage:
+        for chunk, computed in probe_runs(loaded.model, loaded.probes, sizes, max_memory, run):
+            # A partial backend (a dump itself) answers for the tensors it holds only.
+            for name in (n for n in chunk if n in computed):
+                written[name] = file_name(name)
+                np.save(stage / written[name], np.asarray(computed[name]), allow_pickle=False)
+        save_npz(stage / INPUTS_FILE, feeds)
+        manifest = {
+            "model": str(loaded.path) if loaded.path else "<in-memory ModelProto>",
+            "backend": backend,
+            "description": runner.describe(),
+            "versions": environment(runner),
+            "tensors": written,
+            "naming": "file = percent-encoded tensor name + '.npy' (onnx_bisect.backends.dump)",
+        }
+        (stage / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        replace_owned(stage, directory, earlier)
+    return DumpResult(directory, len(written), stats.runs.get("target", 0))
+
+
+def _earlier_dump(directory: Path) -> tuple[str, ...]:
+    """The files of an earlier dump in ``directory``, which a new one replaces. Anything else
+    there is refused: ``dump:DIR`` reads every tensor file in DIR, so a mix of two models (or
+    of a dump and other files) would be read as one."""
+    if not directory.is_dir():
+        return ()
+    entries = sorted(p.name for p in directory.iterdir() if not is_stage_name(p.name))
+    listed: set[str] = set()
+    try:
+        tensors = json.loads((directory / MANIFEST).read_text())["tensors"]
+        listed = {MANIFEST, INPUTS_FILE, *(str(f) for f in tensors.values())}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # no manifest, or not ours: then every entry is someone else's
+    others = [e for e in entries if e not in listed]
+    if others:
+        shown = ", ".join(others[:3]) + (", …" if len(others) > 3 else "")
+        raise InputError(
+            f"--out {directory}: holds {len(others)} file(s) that are not part of an onnx-bisect "
+            f"dump ({shown}); a dump directory holds one dump only (dump:DIR reads every tensor "
+            "file in it): choose an empty or new directory"
+        )
+    return tuple(entries)

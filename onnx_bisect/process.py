@@ -1,14 +1,84 @@
-"""Child processes of our own interpreter (sandboxed backends, transforms)."""
+"""Child processes: of our own interpreter (sandboxed backends, transforms) or of any program
+(exec: runtimes, a bundle's repro.py), run so that nothing they start outlives them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 
-__all__ = ["python_child_env"]
+__all__ = ["INTERRUPT_GRACE_S", "python_child_env", "run_child"]
+
+# How long a child has to clean up after Ctrl-C (a repro.py kills its own target's process
+# group then) before its whole group is killed.
+INTERRUPT_GRACE_S = 5.0
 
 
 def python_child_env() -> dict[str, str]:
     """The environment for a ``python -m onnx_bisect....`` child: it must import what we
     import (plugins on sys.path, tests' own modules)."""
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+
+
+def run_child(
+    argv: Sequence[str],
+    *,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``argv`` to completion with its output captured, in a process group of its own.
+
+    Like ``subprocess.run``, it raises ``TimeoutExpired`` past ``timeout``; but it kills the
+    whole group then (a runtime's workers with it), and on Ctrl-C or any other exception it
+    forwards SIGINT to the group, waits ``INTERRUPT_GRACE_S`` for it to clean up, and kills
+    what is left: in a session of its own, the child does not get the terminal's SIGINT, and
+    it must not outlive us.
+    """
+    proc = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(env) if env is not None else None,
+        cwd=cwd,
+        start_new_session=os.name == "posix",
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc, signal.SIGKILL)
+        _reap(proc)
+        raise
+    except BaseException:
+        try:
+            _signal_group(proc, signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(INTERRUPT_GRACE_S)
+        finally:
+            # Even when a second Ctrl-C cuts the grace short.
+            _signal_group(proc, signal.SIGKILL)
+            _reap(proc)
+        raise
+    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """``sig`` to the child's group (the child alone where there are no groups); members that
+    outlived their leader still get it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.name == "posix":
+            os.killpg(proc.pid, sig)
+        else:
+            proc.kill()
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import shlex
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +18,7 @@ from onnx_bisect import Verdict
 from onnx_bisect.backends.dump import file_name, tensor_name
 from onnx_bisect.cli import app
 from onnx_bisect.dumper import dump
-from tests.models import FAULTY_RUNTIME, YOLO
+from tests.models import FAULTY_RUNTIME, TRANSFORMER, YOLO
 
 FAULT = "/down1/conv/Conv"
 
@@ -84,3 +87,86 @@ def test_dump_cli_and_errors(tmp_path: Path) -> None:
     assert res.exit_code == 0 and "197 tensors from cpu" in res.stdout
     res = runner.invoke(app, ["run", str(YOLO), "-t", f"dump:{tmp_path / 'nowhere'}"])
     assert res.exit_code == 2 and "no dump at" in res.stderr
+
+
+def test_a_dump_directory_holds_one_dump(tmp_path: Path) -> None:
+    """A dump replaces an earlier dump as a set; a directory with other files is refused."""
+    d = tmp_path / "d"
+    dump(YOLO, "cpu", d)
+    done = dump(TRANSFORMER, "cpu", d)
+    manifest = json.loads((d / "manifest.json").read_text())
+    assert manifest["model"] == str(TRANSFORMER)
+    files = {p.name for p in d.iterdir()}
+    assert files == {"manifest.json", "inputs.npz", *manifest["tensors"].values()}
+    assert len(files) == done.tensors + 2  # nothing of the YOLO dump is left
+    (d / "notes.txt").write_text("mine\n")
+    res = CliRunner().invoke(app, ["dump", str(YOLO), "-b", "cpu", "-o", str(d)])
+    assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1
+    assert "holds 1 file(s) that are not part of an onnx-bisect dump (notes.txt)" in res.stderr
+    assert {p.name for p in d.iterdir()} == files | {"notes.txt"}  # untouched
+
+
+def test_a_dump_of_another_model_is_named_as_such(tmp_path: Path) -> None:
+    other = tmp_path / "transformer"
+    dump(TRANSFORMER, "cpu", other)
+    runner = CliRunner()
+    for args in (
+        ["dump", str(YOLO), "--backend", f"dump:{other}", "-o", str(tmp_path / "copy")],
+        ["run", str(YOLO), "--target", f"dump:{other}"],
+        ["run", str(YOLO), "--ref", f"dump:{other}", "--target", "cpu"],
+    ):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 2, res.output
+        assert res.stderr.startswith(f"error: dump:{other} does not fit this model: unknown ")
+        assert "a dump of another model?" in res.stderr and "internal error" not in res.stderr
+    # Without recorded inputs (an .npz of tensors), the tensor names tell.
+    np.savez(tmp_path / "t.npz", x=np.zeros(3, np.float32))
+    res = runner.invoke(app, ["run", str(YOLO), "--target", f"dump:{tmp_path / 't.npz'}"])
+    assert res.exit_code == 2 and "holds none of this model's tensors (it holds x)" in res.stderr
+
+
+def test_a_shape_agreeing_with_the_dump_is_accepted(tmp_path: Path) -> None:
+    d = tmp_path / "cpu"
+    dump(YOLO, "cpu", d)
+    runner = CliRunner()
+    res = runner.invoke(app, ["run", str(YOLO), "-t", f"dump:{d}", "--shape", "images=1x3x160x160"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["run", str(YOLO), "-t", f"dump:{d}", "--shape", "images=1x3x64x64"])
+    assert res.exit_code == 2
+    assert res.stderr.startswith(
+        f"error: --shape images=1x3x64x64 disagrees with the inputs recorded in dump:{d} "
+        "(it holds 1x3x160x160)"
+    )
+
+
+def test_a_bundle_against_a_dump_carries_what_it_needs(tmp_path: Path) -> None:
+    """The reference was a dump: the bundle reads it from its own expected outputs, so the
+    bundle still runs after the dump is deleted and the bundle moved elsewhere."""
+    d = tmp_path / "cpu"
+    dump(YOLO, "cpu", d)
+    bundle = tmp_path / "bundle"
+    result = onnx_bisect.bisect(YOLO, ref=f"dump:{d.resolve()}", target=faulty(), repro=bundle)
+    assert result.repro is not None and result.repro.reproduces, result.repro
+    script = (bundle / "repro.py").read_text()
+    # The dump's path is in the title only (what was compared), not in any setting.
+    assert 'REF = "dump:test_data_set_0"' in script and f'"dump:{d.resolve()}' not in script
+    shutil.rmtree(d)
+    moved = tmp_path / "elsewhere" / "b"
+    moved.parent.mkdir()
+    bundle.rename(moved)
+    proc = subprocess.run(
+        [sys.executable, str(moved / "repro.py")], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "reference  dump:test_data_set_0: matches expected outputs" in proc.stdout
+    assert "REPRODUCED" in proc.stdout
+
+
+def test_a_dump_target_makes_no_bundle_and_says_why(tmp_path: Path) -> None:
+    dump(YOLO, faulty(), tmp_path / "bad")
+    result = onnx_bisect.bisect(
+        YOLO, ref="cpu", target=f"dump:{tmp_path / 'bad'}", repro=tmp_path / "bundle"
+    )
+    assert result.repro is not None and not result.repro.reproduces
+    assert "replays recorded tensors and cannot run a subgraph" in result.repro.message
+    assert not (tmp_path / "bundle").exists()

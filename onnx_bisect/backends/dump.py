@@ -24,7 +24,7 @@ from onnx import numpy_helper
 
 from onnx_bisect.backends.protocol import BackendBase, Capabilities, Tensors
 from onnx_bisect.backends.spec import BackendSpec
-from onnx_bisect.errors import BackendError, SpecError
+from onnx_bisect.errors import BackendError, InputError, SpecError
 from onnx_bisect.graph.extract import derived_kind
 
 __all__ = ["DumpBackend", "INPUTS_FILE", "MANIFEST", "file_name", "tensor_name"]
@@ -66,6 +66,15 @@ class DumpBackend(BackendBase):
         if derived_kind(model) is not None:
             raise BackendError(f"{self.spec.text}: a dump cannot compute, only replay tensors")
         wanted = [o.name for o in model.graph.output]
+        if wanted and not any(n in self._tensors for n in _tensor_names(model)):
+            # Partial dumps are fine; one that holds nothing of this model is another's.
+            names = sorted(self._tensors)
+            held = ", ".join(names[:2]) + (", …" if len(names) > 2 else "")
+            raise InputError(
+                f"{self.spec.text} holds none of this model's tensors (it holds {held}): a "
+                "dump of another model? dump this one with onnx-bisect dump MODEL --backend "
+                "SPEC --out DIR"
+            )
         return {n: self.load(n) for n in wanted if n in self._tensors}
 
     def load(self, name: str) -> npt.NDArray[Any]:
@@ -94,6 +103,11 @@ class DumpBackend(BackendBase):
             meta = json.loads(manifest.read_text())
             return f"dump of {meta.get('backend', '?')} ({len(self._tensors)} tensors)"
         return f"dump at {self.path} ({len(self._tensors)} tensors)"
+
+
+def _tensor_names(model: onnx.ModelProto) -> set[str]:
+    graph = model.graph
+    return {o for n in graph.node for o in n.output} | {o.name for o in graph.output}
 
 
 def _index(path: Path) -> dict[str, Any]:

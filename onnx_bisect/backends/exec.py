@@ -26,6 +26,7 @@ from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.errors import BackendCrash, BackendError, SpecError
 from onnx_bisect.graph.save import save_model
 from onnx_bisect.inputs.feeds import save_npz
+from onnx_bisect.process import run_child
 
 __all__ = ["DISABLE", "NOTE_PREFIX", "ExecBackend", "ExecPasses", "PLACEHOLDERS"]
 
@@ -75,9 +76,7 @@ class ExecBackend(BackendBase):
             paths[DISABLE] = ""  # passes a pass bisection turns off are spelled into the spec
             argv = [_substitute(a, paths) for a in self.argv]
             try:
-                proc = subprocess.run(
-                    argv, capture_output=True, timeout=self.timeout, env=self.environment()
-                )
+                proc = run_child(argv, timeout=self.timeout, env=self.environment())
             except FileNotFoundError:
                 raise BackendError(f"{self.spec.text}: command not found: {argv[0]}") from None
             except subprocess.TimeoutExpired:

@@ -83,21 +83,35 @@ def _usage_error(exc: Exception) -> str:
     return str(exc.format_message())  # type: ignore[attr-defined]
 
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C stopped
+
+
 def _entry(typer_app: typer.Typer, prog: str, args: Sequence[str] | None) -> None:
-    """Run an app, turning usage errors into one line and exit code 2."""
+    """Run an app, turning usage errors into one line and exit code 2, and Ctrl-C into one
+    line and 130 (staging directories and child processes are cleaned up on the way out, by
+    the ``finally`` blocks that made them)."""
     try:
         code = typer_app(args=args, prog_name=prog, standalone_mode=False)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.Abort:
-        sys.exit(130)
+    except (typer.Abort, KeyboardInterrupt):
+        # Click (older Typer) turns Ctrl-C into Abort; outside a command it is bare.
+        _interrupted()
     except Exception as exc:
         # Typer vendors click in some releases and not others; match its usage errors by shape.
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
             err.print(f"error: {_usage_error(exc)}", markup=False)
             sys.exit(EXIT_USAGE)
         raise
+    if code == EXIT_INTERRUPTED:
+        # Typer turns Ctrl-C into this code without a word; no command returns it otherwise.
+        _interrupted()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _interrupted() -> None:
+    err.print("interrupted", markup=False)
+    sys.exit(EXIT_INTERRUPTED)
 
 
 def bisect_entry(args: Sequence[str] | None = None) -> None:

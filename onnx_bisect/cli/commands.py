@@ -62,7 +62,8 @@ from onnx_bisect.cli.params import (
 )
 from onnx_bisect.inputs.feeds import parse_shape
 from onnx_bisect.options import BisectOptions
-from onnx_bisect.report.files import check_formats, write_reports
+from onnx_bisect.report.files import REPORT_FILES, check_formats, staged_out
+from onnx_bisect.repro.bundle import BUNDLE_FILES
 from onnx_bisect.repro.verify import run_bundle
 
 __all__ = ["backends_command", "dump_command", "reduce_command", "repro_command", "run_command"]
@@ -108,7 +109,7 @@ def run_command(
     _log_level(verbose, debug)
     per_input = {"--shape": shape, "--value": value, "--range": range_}
     command = shlex.join(["bisect", *_argv_of(model, ref, target, input, out, per_input)])
-    with user_errors(debug):
+    with user_errors(debug), staged_out(out, bundle_name="repro", owned=REPORT_FILES) as staged:
         formats = [f.strip() for f in format.split(",") if f.strip()]
         check_formats(formats)  # before the diagnosis, not after it
         result = run_bisect(
@@ -138,17 +139,20 @@ def run_command(
             ),
             always_scan=always_scan,
             topk=topk or (),
-            repro=out / "repro" if repro and out is not None else None,
+            repro=staged.bundle if repro else None,
             command=command,
         )
-        written = write_reports(result, out, formats) if out is not None else []
+        published = staged.publish(result, formats)
+    result = published.result
     if not quiet:
         from onnx_bisect.report import print_summary
 
         console = stdout()
         print_summary(result, console, top=top)
-        if written:
+        if published.written:
             console.print(f"[dim]reports in {out}/[/]")
+        if kept := published.kept_line():
+            console.print(kept, markup=False)
     raise typer.Exit(EXIT_DIVERGED if result.diverged else EXIT_MATCH)
 
 
@@ -240,7 +244,7 @@ def reduce_command(
 ) -> None:
     """Write a minimal, verified repro bundle for MODEL to OUT (no reports)."""
     _log_level(verbose, debug)
-    with user_errors(debug):
+    with user_errors(debug), staged_out(out, bundle_name="", owned=BUNDLE_FILES) as staged:
         result = run_bisect(
             model,
             ref=ref,
@@ -263,13 +267,16 @@ def reduce_command(
                 timeout=timeout,
                 target_model=target_model,
             ),
-            repro=out,
+            repro=staged.bundle,
         )
+        published = staged.publish(result)
+    result = published.result
     r = result.repro
+    lines = [kept] if (kept := published.kept_line()) else []
     if r is None:
-        lines = ["No divergence: nothing to reduce."]
+        lines += ["No divergence: nothing to reduce."]
     else:
-        lines = [
+        lines += [
             f"{r.path}: {len(r.nodes)} of {r.nodes_before} nodes, {r.runs} target runs",
             ("reproduces: " if r.reproduces else "NOT verified: ") + r.message,
         ]

@@ -25,6 +25,7 @@ from onnx_bisect.engine.failure import failure_search
 from onnx_bisect.engine.found import Found
 from onnx_bisect.engine.observe import Float64Run, Observed, measure_float64, screen
 from onnx_bisect.engine.precision import precision_notes
+from onnx_bisect.engine.recorded import run_feeds
 from onnx_bisect.engine.runs import check_budget
 from onnx_bisect.engine.session import Feeds, Session, Setup, StageTimer
 from onnx_bisect.engine.strategies import STRATEGIES, choose
@@ -32,7 +33,7 @@ from onnx_bisect.errors import BackendError, InputError
 from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
 from onnx_bisect.graph.view import LoadedModel
-from onnx_bisect.inputs.feeds import input_specs, make_feeds, validate_feeds
+from onnx_bisect.inputs.feeds import input_specs, validate_feeds
 from onnx_bisect.options import BisectOptions, ModelLike
 from onnx_bisect.result import BackendInfo, BisectResult, Outcome, PassBisection, ReproInfo
 from onnx_bisect.transforms.apply import transformed
@@ -81,15 +82,10 @@ def prepare(
         ref_spec, tgt_spec = _spec(ref), _spec(target)
         ref_b = _backend(ref, in_child=False, timeout=None)
         tgt_b = _backend(target, in_child=bool(options.isolate_crashes), timeout=options.timeout)
-        inputs = options.inputs
-        if inputs is None:
-            # A dump carries the inputs it was made with; comparing other inputs would be noise.
-            inputs = next(
-                (d for b in (ref_b, tgt_b) if (d := b.recorded_inputs()) is not None), None
-            )
-        feeds = make_feeds(
+        feeds = run_feeds(
             loaded.model,
-            inputs=Path(inputs) if isinstance(inputs, str) else inputs,
+            (ref_b, tgt_b),
+            inputs=options.inputs,
             shapes=options.shapes,
             seed=options.seed,
             values=options.values,

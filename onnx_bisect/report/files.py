@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,14 +16,27 @@ from onnx_bisect.errors import InputError
 from onnx_bisect.inputs.feeds import save_npz
 from onnx_bisect.report.issue import render_bundle_readme, render_issue
 from onnx_bisect.report.markdown import render_markdown
+from onnx_bisect.report.outdir import Replaced, check_out_dir, replace_owned, staging_dir
 from onnx_bisect.report.serialize import NODE_COLUMNS, node_rows, to_dict
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult
 
-__all__ = ["FORMATS", "check_formats", "write_bundle_docs", "write_reports"]
+__all__ = [
+    "FORMATS",
+    "REPORT_FILES",
+    "Published",
+    "StagedOut",
+    "check_formats",
+    "staged_out",
+    "write_bundle_docs",
+    "write_reports",
+]
 
 FORMATS = ("md", "json", "csv")
+# Everything ``bisect --out DIR`` may write in DIR: a rerun replaces all of it, even what it
+# does not write this time (a clean run leaves no earlier bundle behind).
+REPORT_FILES = ("report.json", "report.md", "nodes.csv", "inputs.npz", "repro")
 
 
 def check_formats(formats: Sequence[str]) -> None:
@@ -77,3 +93,68 @@ def write_bundle_docs(result: BisectResult) -> list[Path]:
     (bundle / "README.md").write_text(render_bundle_readme(result))
     (bundle / "issue.md").write_text(render_issue(result))
     return [bundle / "README.md", bundle / "issue.md"]
+
+
+@dataclass(frozen=True)
+class Published:
+    """The result as published (its bundle's path where the bundle now lies), and what
+    replacing the output directory's files did (None without an output directory)."""
+
+    result: BisectResult
+    replaced: Replaced | None
+
+    @property
+    def written(self) -> bool:
+        return self.replaced is not None
+
+    def kept_line(self) -> str | None:
+        """A line naming what was left alone in the output directory, when anything was."""
+        kept = self.replaced.kept if self.replaced else ()
+        if self.replaced is None or not kept:
+            return None
+        shown = ", ".join(kept[:3]) + (", …" if len(kept) > 3 else "")
+        return (
+            f"kept {len(kept)} file(s) in {self.replaced.path}/ that onnx-bisect did not "
+            f"write: {shown}"
+        )
+
+
+@dataclass(frozen=True)
+class StagedOut:
+    """A command's output directory while the command runs: everything goes to ``stage`` and
+    reaches ``out`` at ``publish``. Without ``out`` there is nothing to write."""
+
+    out: Path | None
+    stage: Path | None
+    bundle_name: str  # where in ``out`` the repro bundle goes ("" for ``out`` itself)
+    owned: tuple[str, ...]
+
+    @property
+    def bundle(self) -> Path | None:
+        return None if self.stage is None else self.stage / self.bundle_name
+
+    def publish(self, result: BisectResult, formats: Sequence[str] = ()) -> Published:
+        """Write the reports in ``formats`` beside the bundle, then swap the whole set into
+        ``out``, replacing what an earlier run left there."""
+        if self.out is None or self.stage is None:
+            return Published(result, None)
+        shown = self.out / self.bundle_name
+        if result.repro is not None and Path(result.repro.path) == self.bundle:
+            result = dataclasses.replace(
+                result, repro=dataclasses.replace(result.repro, path=str(shown))
+            )
+        if formats:
+            write_reports(result, self.stage, formats)
+        return Published(result, replace_owned(self.stage, self.out, self.owned))
+
+
+@contextmanager
+def staged_out(out: Path | None, *, bundle_name: str, owned: Sequence[str]) -> Iterator[StagedOut]:
+    """Check ``out`` now, before any work, and stage what will be written to it; the staging
+    directory is gone when the block ends, whether it was published or interrupted."""
+    if out is None:
+        yield StagedOut(None, None, bundle_name, tuple(owned))
+        return
+    check_out_dir(out)
+    with staging_dir(out) as stage:
+        yield StagedOut(out, stage, bundle_name, tuple(owned))

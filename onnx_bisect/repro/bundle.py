@@ -37,7 +37,13 @@ from onnx_bisect.repro.script import render_repro_script
 from onnx_bisect.repro.verify import diverged_outputs, output_tail, rerun_in_process, run_bundle
 from onnx_bisect.result import ReproInfo
 
-__all__ = ["BundleJob", "build_bundle", "write_repro"]
+__all__ = ["BUNDLE_FILES", "BundleJob", "build_bundle", "write_repro"]
+
+# The test case's tensors, as ONNX backend tests lay them out.
+DATA_DIR = "test_data_set_0"
+# What a bundle directory holds (README.md and issue.md come from report/files.py): what
+# ``reduce --out DIR`` replaces in DIR on a rerun.
+BUNDLE_FILES = ("model.onnx", "repro.py", DATA_DIR, "README.md", "issue.md")
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +83,12 @@ def write_repro(
 ) -> ReproInfo:
     """The bundle around the nodes ``start``, with a ``repro.py`` that names this session's
     backends and criterion."""
+    if not job.target.capabilities.computes:
+        return ReproInfo(
+            str(out_dir), job.symptom, (), len(job.loaded.nodes), 0, False, False,
+            f"the target {job.target.spec.text} replays recorded tensors and cannot run a "
+            "subgraph; no bundle was written (run bisect against the live target for one)",
+        )  # fmt: skip
     crit = job.session.crit
     threshold = crit.threshold
     if crit.auto:
@@ -86,7 +98,7 @@ def write_repro(
         floors = [crit.threshold_for(t, job.store.get(t))[0] for t in outs if t in job.store]
         threshold = min(floors, default=crit.eps)
     script = render_repro_script(
-        ref=job.session.ref.spec.text,
+        ref=_recorded_spec(job.session.ref),
         target=job.target.spec.text,
         metric=crit.metric,
         threshold=threshold,
@@ -97,6 +109,13 @@ def write_repro(
         workdir=os.getcwd(),
     )
     return build_bundle(job, start, out_dir, script, verify_in_process=verify_in_process)
+
+
+def _recorded_spec(backend: Backend) -> str:
+    """The spec repro.py records for the reference. A dump's values at the bundle's outputs
+    are the bundle's expected outputs, so it reads them there, relative to itself, rather than
+    from a dump directory that does not travel with the bundle."""
+    return f"dump:{DATA_DIR}" if backend.spec.name == "dump" else backend.spec.text
 
 
 def build_bundle(
@@ -250,7 +269,7 @@ def _finish(model: onnx.ModelProto) -> onnx.ModelProto:
 def _write(out_dir: Path, built: _Built, script: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     onnx.save_model(built.model, str(out_dir / "model.onnx"))
-    data = out_dir / "test_data_set_0"
+    data = out_dir / DATA_DIR
     if data.exists():
         for old in data.glob("*.pb"):
             old.unlink()

@@ -29,11 +29,17 @@ Backend specs (quote them in the shell):
     ref                                          onnx.reference.ReferenceEvaluator
     openvino[:CPU|GPU|NPU][?precision=f32|bf16|f16]
     exec:COMMAND                                 any program, see below
+    dump:PATH                                    tensors recorded earlier, see below
     mps, plugins, ref?dtype=float64              through onnx-bisect, where it is installed
 
 exec:COMMAND is split like a shell would and run without one, with {model}, {inputs} and
 {outputs} replaced by paths: the model, an .npz of the inputs keyed by graph input name, and
 the .npz of outputs keyed by graph output name that the program must write.
+
+dump:PATH replays tensors recorded earlier (what `onnx-bisect dump` writes: NAME.npy files with
+the name percent-encoded; or .pb TensorProtos carrying their names; or one .npz). A relative
+PATH is read from the bundle's directory: a reference that was a dump is recorded as
+dump:test_data_set_0, the bundle's own expected outputs, so the bundle needs no other files.
 
 Exit codes: 1 the recorded symptom (a divergence, a crash, or the target's error) reproduces,
 0 it does not, 2 a usage error or a target that reports an error where the recorded symptom is
@@ -54,6 +60,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -157,8 +164,9 @@ def parse_spec(text: str) -> Spec:
     raw = text.strip()
     if not raw:
         raise UsageError("empty backend spec; try 'cpu', 'ref' or 'openvino'")
-    if raw.startswith("exec:"):
-        return Spec(raw, "exec", raw[len("exec:") :].strip())
+    for verbatim in ("exec", "dump"):
+        if raw.startswith(f"{verbatim}:"):
+            return Spec(raw, verbatim, raw[len(verbatim) + 1 :].strip())
     head, *transforms = raw.split("+")
     m = _SPEC.match(head)
     if not m:
@@ -209,6 +217,8 @@ def check_spec(spec: Spec) -> None:
         precision = spec.options.get("precision")
         if precision is not None and precision.lower() not in PRECISIONS:
             raise UsageError(f"backend {spec.text!r}: precision must be f32, bf16 or f16")
+    elif spec.name == "dump" and not spec.device:
+        raise UsageError(f"backend {spec.text!r}: dump: needs a path, e.g. dump:DIR")
     elif spec.name == "exec":
         try:
             argv = shlex.split(spec.device or "")
@@ -255,6 +265,8 @@ def make_runner(spec: Spec, timeout: float | None) -> Runner:
     }
     if spec.name == "exec":
         return _exec_runner(spec, timeout)
+    if spec.name == "dump":
+        return _dump_runner(spec)
     if spec.name in builders:
         return builders[spec.name](spec)
     return _plugin_runner(spec)
@@ -436,6 +448,40 @@ def _exec_runner(spec: Spec, timeout: float | None) -> Runner:
             return load_npz(out)
 
     return run
+
+
+def _dump_runner(spec: Spec) -> Runner:
+    def run(model_path: Path, model: onnx.ModelProto, feeds: Tensors) -> Tensors:
+        # Relative to the bundle, so that a bundle and the dump inside it travel together.
+        path = model_path.parent / (spec.device or "")
+        if not path.exists():
+            raise UsageError(f"backend {spec.text!r}: no dump at {path}")
+        recorded = read_dump(path)
+        outputs = [o.name for o in model.graph.output]
+        missing = [n for n in outputs if n not in recorded]
+        if missing:
+            raise RunError(f"the dump at {path} holds no tensor {missing[0]!r}")
+        return {n: recorded[n] for n in outputs}
+
+    return run
+
+
+def read_dump(path: Path) -> Tensors:
+    """Every tensor of a dump, by name (as onnx-bisect's dump: backend reads one)."""
+    if path.is_file():
+        return load_npz(path)
+    found: Tensors = {}
+    for f in sorted(path.glob("*.npy")):
+        found[urllib.parse.unquote(f.name.removesuffix(".npy"))] = np.load(f, allow_pickle=False)
+    for f in sorted(path.glob("*.pb")):
+        proto = onnx.TensorProto()
+        proto.ParseFromString(f.read_bytes())
+        if proto.name:
+            found[proto.name] = numpy_helper.to_array(proto)
+    for f in sorted(path.glob("*.npz")):
+        if f.name != "inputs.npz":
+            found.update(load_npz(f))
+    return found
 
 
 def _plugin_runner(spec: Spec) -> Runner:
@@ -912,8 +958,8 @@ def _run_target(
 ) -> Tensors | RunError:
     """The target's outputs, or the error that stands for them in the verdict."""
     try:
-        if spec.name == "exec":
-            # Already a process of its own: a crash or a hang cannot take this one down.
+        if spec.name in ("exec", "dump"):
+            # A process of its own already, or only files read: neither can take this down.
             runner = make_runner(spec, timeout)
             return runner(bundle.model_path, bundle.model, bundle.inputs)
         return run_target_in_child(spec, directory, timeout)

@@ -16,6 +16,7 @@ from onnx_bisect.backends.protocol import Backend
 from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.errors import BackendCrash, BackendError
+from onnx_bisect.process import run_child
 
 __all__ = [
     "VERIFY_TIMEOUT_S",
@@ -84,10 +85,11 @@ def run_bundle(
         if value is not None:
             argv += [flag, str(value)]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        proc = run_child(argv, timeout=timeout)
     except subprocess.TimeoutExpired:
         return 2, f"repro.py did not finish in {timeout:g}s"
-    return proc.returncode, (proc.stdout + proc.stderr).strip()
+    output = proc.stdout.decode(errors="replace") + proc.stderr.decode(errors="replace")
+    return proc.returncode, output.strip()
 
 
 def output_tail(text: str) -> str:
