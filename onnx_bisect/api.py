@@ -16,6 +16,7 @@ from onnx_bisect.engine.diagnose import (
 )
 from onnx_bisect.engine.found import Found
 from onnx_bisect.engine.observe import scan
+from onnx_bisect.engine.progress import NoProgress, Progress
 from onnx_bisect.engine.session import Session, StageTimer, scratch_dir
 from onnx_bisect.errors import InputError
 from onnx_bisect.options import BisectOptions, ModelLike
@@ -32,6 +33,7 @@ def bisect(
     target: BackendLike = "cpu",
     *,
     options: BisectOptions | None = None,
+    progress: Progress | None = None,
     **overrides: Any,
 ) -> BisectResult:
     """Find the first node where ``target`` departs from ``ref`` and the node that causes it.
@@ -58,11 +60,14 @@ def bisect(
     - ``repro``: a directory for a minimal repro bundle, written and verified on divergence.
     - ``max_memory``: bytes of probe outputs one run may hold; ``command``: for the report.
 
+    ``progress`` hears each phase start and end and each backend run as it happens (the CLI
+    shows it on a terminal); every phase is logged at INFO with its time and runs either way.
+
     Raises ``OnnxBisectError`` subclasses for bad input and unusable backends.
     """
     opts = _options(options, overrides)
     opts.criterion()  # bad values fail before any work
-    timer = StageTimer()
+    timer = StageTimer(progress=progress or NoProgress())
     setup, feeds = prepare(model, ref, target, opts, timer)
     with scratch_dir() as scratch:
         session = open_session(setup, feeds, scratch, timer)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import shlex
 import sys
 from enum import Enum
@@ -39,9 +38,11 @@ from onnx_bisect.cli.params import (
     parse_threshold,
     parse_value,
 )
+from onnx_bisect.cli.progress import configure_logging, live_progress
 from onnx_bisect.inputs.feeds import parse_shape
 from onnx_bisect.report.files import check_formats, write_reports
 from onnx_bisect.repro.verify import run_bundle
+from onnx_bisect.text import plural
 
 __all__ = ["backends_command", "dump_command", "reduce_command", "repro_command", "run_command"]
 
@@ -117,17 +118,16 @@ def run_command(
     ] = "md,json,csv",
     top: Annotated[int, typer.Option(help="Rows in the terminal's top table.")] = 10,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the exit code.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress.")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Log each phase with its time and runs.")
+    ] = False,
     debug: DebugOpt = False,
 ) -> None:
     """Find the first node where TARGET departs from REF, and the node that causes it."""
-    logging.basicConfig(
-        level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(verbose=verbose, debug=debug)
     per_input = {"--shape": shape, "--value": value, "--range": range_}
     command = shlex.join(["bisect", *_argv_of(model, ref, target, input, out, per_input)])
-    with user_errors(debug):
+    with user_errors(debug), live_progress(quiet=quiet) as progress:
         formats = [f.strip() for f in format.split(",") if f.strip()]
         check_formats(formats)  # before the diagnosis, not after it
         result = run_bisect(
@@ -152,6 +152,7 @@ def run_command(
             timeout=timeout,
             strategy=str(strategy.value if isinstance(strategy, Enum) else strategy),
             command=command,
+            progress=progress,
         )
         written = write_reports(result, out, formats) if out is not None else []
     if not quiet:
@@ -211,17 +212,18 @@ def reduce_command(
     debug: DebugOpt = False,
 ) -> None:
     """Write a minimal, verified repro bundle for MODEL to OUT (no reports)."""
-    with user_errors(debug):
+    with user_errors(debug), live_progress(quiet=False) as progress:
         result = run_bisect(
             model, ref=ref, target=target, inputs=input, **_generated(shape, value, range_),
-            seed=seed, threshold=parse_threshold(threshold), repro=out,
+            seed=seed, threshold=parse_threshold(threshold), repro=out, progress=progress,
         )  # fmt: skip
     console = stdout()
     if result.repro is None:
         console.print("No divergence: nothing to reduce.")
         raise typer.Exit(EXIT_MATCH)
     r = result.repro
-    console.print(f"{r.path}: {len(r.nodes)} of {r.nodes_before} nodes, {r.runs} target runs")
+    spent = plural(r.runs, "target run")
+    console.print(f"{r.path}: {len(r.nodes)} of {plural(r.nodes_before, 'node')}, {spent}")
     console.print(("reproduces: " if r.reproduces else "NOT verified: ") + r.message)
     raise typer.Exit(EXIT_DIVERGED)
 
@@ -263,7 +265,8 @@ def dump_command(
             model, backend, out, inputs=input, **_generated(shape, value, range_), seed=seed,
             max_memory=parse_bytes(max_memory),
         )  # fmt: skip
-    stdout().print(f"{done.tensors} tensors from {backend} in {done.path}/ ({done.runs} run(s))")
+    tensors, runs = plural(done.tensors, "tensor"), plural(done.runs, "run")
+    stdout().print(f"{tensors} from {backend} in {done.path}/ ({runs})")
 
 
 def backends_command() -> None:

@@ -24,6 +24,7 @@ from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.extract import with_outputs
 from onnx_bisect.graph.inline import InlinedIf, inline_branches, top_level_ifs
 from onnx_bisect.graph.load import load_model
+from onnx_bisect.text import plural
 
 __all__ = ["MAX_DEPTH", "with_branches_inlined"]
 
@@ -116,5 +117,6 @@ def _describe(session: Session, inlined: list[InlinedIf]) -> str:
     nested = len(inlined) - len(named)
     text = "; ".join(named)
     if nested:
-        text += f" ({nested} If(s) nested in the taken branches were decided too)"
-    return text + f", {sum(i.nodes for i in inlined)} nodes inlined in all"
+        were = "was" if nested == 1 else "were"
+        text += f" ({plural(nested, 'If')} nested in the taken branches {were} decided too)"
+    return text + f", {plural(sum(i.nodes for i in inlined), 'node')} inlined in all"
