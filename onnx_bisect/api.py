@@ -17,6 +17,7 @@ from onnx_bisect.engine.diagnose import (
 from onnx_bisect.engine.found import Found
 from onnx_bisect.engine.observe import scan
 from onnx_bisect.engine.passes import bisect_passes
+from onnx_bisect.engine.progress import NoProgress, Progress
 from onnx_bisect.engine.session import Session, StageTimer, scratch_dir
 from onnx_bisect.errors import InputError
 from onnx_bisect.options import BisectOptions, ModelLike
@@ -33,6 +34,7 @@ def bisect(
     target: BackendLike,
     ref: BackendLike = "cpu",
     options: BisectOptions | None = None,
+    progress: Progress | None = None,
     **overrides: Any,
 ) -> BisectResult:
     """Find the first node where ``target`` departs from ``ref`` and the node that causes it.
@@ -69,11 +71,14 @@ def bisect(
       unrolled, so its body's nodes are probed and can be named (default 64).
     - ``max_memory``: bytes of probe outputs one run may hold; ``command``: for the report.
 
+    ``progress`` hears each phase start and end and each backend run as it happens (the CLI
+    shows it on a terminal); every phase is logged at INFO with its time and runs either way.
+
     Raises ``OnnxBisectError`` subclasses for bad input and unusable backends; an error about
     one option's value names it first and has it in ``option``.
     """
     opts = _options(options, overrides)  # bad values fail here, before any work
-    timer = StageTimer()
+    timer = StageTimer(progress=progress or NoProgress())
     setup, feeds = prepare(model, ref, target, opts, timer)
     with scratch_dir() as scratch:
         session = open_session(setup, feeds, scratch, timer)

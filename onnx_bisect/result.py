@@ -1,7 +1,10 @@
-"""Result types: frozen dataclasses, typed data only.
+"""Result types: frozen dataclasses, typed data only, plus the few lines they say of
+themselves (a one-line ``repr``, ``BisectResult.summary()``).
 
 Their JSON form (the report schema), the CSV rows and the pandas frame are in
-``report.serialize``: rendering is the report's concern, not the data's.
+``report.serialize``, the tables and files in ``report``: rendering is the report's concern.
+The summary lives here because ``print(result)`` and ``result.summary()`` must work in a
+notebook, and the terminal prints the same lines, styled, above its table.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ from enum import StrEnum
 from typing import Any
 
 import numpy.typing as npt
+from rich.text import Text
 
 from onnx_bisect.compare.criterion import Comparison, Criterion
 from onnx_bisect.compare.topk import TopKCheck
 from onnx_bisect.graph.match import Matching
 from onnx_bisect.graph.view import NodeInfo, NotProbed
+from onnx_bisect.text import fmt, plural
 from onnx_bisect.transforms.registry import TransformRecord
 
 __all__ = [
@@ -33,6 +38,7 @@ __all__ = [
     "RootCause",
     "SearchInfo",
     "Verdict",
+    "first_divergence_phrase",
 ]
 
 
@@ -175,6 +181,20 @@ class NodeResult:
         value = self.accumulated.metrics.get("rel_l2") if self.accumulated else None
         return None if value is None or math.isnan(value) else float(value)
 
+    def __repr__(self) -> str:
+        # The comparisons' metrics and shapes would make a list of these unreadable.
+        acc, iso = fmt(self.accumulated_error), fmt(self.isolated_error)
+        where = f"#{self.index} {self.op_type} {self.name}"
+        return f"<NodeResult {where} {self.verdict}: acc {acc} iso {iso}>"
+
+
+def first_divergence_phrase(n: NodeResult) -> str:
+    """What a first divergence without its own diverged tensor is: the cut search's transition
+    node, where the final outputs start to differ (never printed as "ok")."""
+    if n.verdict.value in ("ok", "not-probed"):
+        return "the final outputs diverge from here on, though its own tensor does not"
+    return n.verdict.value
+
 
 @dataclass(frozen=True)
 class RootCause:
@@ -226,6 +246,9 @@ class BackendInfo:
     versions: Mapping[str, str] = field(default_factory=dict)
 
 
+_MAX_REWRITTEN = 12  # node names a summary lists; the rest are counted
+
+
 class PassOutcome(StrEnum):
     GUILTY = "guilty"  # these passes, enabled alone, make the target diverge
     NOT_OPTIMIZER = "not_optimizer"  # it diverges with every optimization off too
@@ -247,6 +270,25 @@ class PassBisection:
     workaround_verified: bool = False  # the workaround spec agrees (one more run)
     rewritten: tuple[str, ...] = ()  # the model's nodes the guilty passes replace
     reason: str = ""
+
+    def summary(self) -> str:
+        """One paragraph: which passes, in how many runs, and the workaround's spec."""
+        if self.outcome is not PassOutcome.GUILTY:
+            return self.reason
+        state = (
+            "verified: it agrees with the reference"
+            if self.workaround_verified
+            else "NOT verified: it still diverges"
+        )
+        text = (
+            f"{' + '.join(self.guilty)} ({plural(self.runs, 'run')} of the target to name; "
+            f"{self.reason}). Workaround: --target '{self.workaround}' ({state})"
+        )
+        if self.rewritten:
+            shown = self.rewritten[:_MAX_REWRITTEN]
+            more = len(self.rewritten) - len(shown)
+            text += f". It rewrote {', '.join(shown)}" + (f" and {more} more" if more else "")
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -307,3 +349,94 @@ class BisectResult:
         scored = [n for n in self.nodes if n.accumulated is not None]
         crit = self.criterion
         return sorted(scored, key=lambda n: crit.badness(n.accumulated), reverse=True)[:k]  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        """``<BisectResult diverged: first /a/Conv, culprit /a/Conv; 192 nodes>``: the
+        verdict and where, not the hundreds of node rows a dataclass repr would print."""
+        found = []
+        if self.first_divergence is not None:
+            found.append(f"first {_short(self.first_divergence.name)}")
+        rc = self.root_cause
+        if rc is not None and rc.nodes:
+            names = ", ".join(_short(n) for n in rc.nodes[:3])
+            more = f" +{len(rc.nodes) - 3} more" if len(rc.nodes) > 3 else ""
+            found.append(f"{rc.kind} {names}{more}")
+        elif rc is not None:
+            found.append("no root cause" if rc.kind is CauseKind.NONE else str(rc.kind))
+        if not found and not self.diverged:
+            found.append(_passing(len(self.outputs)))
+        text = str(self.verdict) + (": " + ", ".join(found) if found else "")
+        if self.nodes:
+            text += f"; {plural(len(self.nodes), 'node')}"
+        return f"<BisectResult {text}>"
+
+    def summary(self) -> str:
+        """The few lines the terminal prints first, as plain text: the verdict, the diverged
+        outputs, the first divergence and the root cause (with the target's own words)."""
+        return self.summary_text().plain
+
+    def summary_text(self) -> Text:
+        """``summary()`` with the terminal's styles."""
+        return Text("\n").join(_summary_lines(self))
+
+
+def _short(name: str, most: int = 60) -> str:
+    return name if len(name) <= most else "…" + name[-(most - 1) :]
+
+
+def _passing(outputs: int) -> str:
+    return f"all {outputs} outputs pass" if outputs > 1 else f"{plural(outputs, 'output')} passes"
+
+
+def _summary_lines(r: BisectResult) -> list[Text]:
+    head = Text.assemble((r.target.spec, "bold"), " vs ", (r.ref.spec, "bold"), f" on {r.model}")
+    if r.target_model:
+        head.append(f" (the target runs {r.target_model})")
+    checks = [
+        Text.assemble(("task check", "green" if c.agrees else "yellow"), f": {c.summary()}")
+        for c in r.task_checks
+    ]
+    if not r.diverged:
+        total = r.timings.get("total", 0.0)
+        passing = f": {_passing(len(r.outputs))} {r.criterion.describe()} ({total:.2f}s)"
+        lines = [Text.assemble(("No divergence", "green"), ": ", head, passing), *checks]
+        return lines + _finding_lines(r) if r.nodes else lines
+    lines = [Text.assemble(("Diverged", "bold red"), ": ", head)]
+    for c in r.outputs:
+        if c.diverged:
+            rel, mx = fmt(c.metrics.get("rel_l2")), fmt(c.metrics.get("max_abs"))
+            lines.append(
+                Text.assemble("  output ", (c.tensor, "bold"), f": {c.status.value}, ")
+                + Text(f"rel_l2={rel} max_abs={mx}")
+            )
+    return lines + checks + _finding_lines(r)
+
+
+def _finding_lines(r: BisectResult) -> list[Text]:
+    """The first divergence and the root cause, with the target's own words where it failed."""
+    label = ("First divergence", "bold")
+    fd = r.first_divergence
+    if fd is not None and fd.accumulated is not None:
+        m = fd.accumulated.metrics
+        numbers = f"rel_l2={fmt(m.get('rel_l2'))} max_abs={fmt(m.get('max_abs'))}"
+        where = f" (#{fd.index}) tensor {fd.tensor}: {numbers} cosine={fmt(m.get('cosine'))}"
+        lines = [Text.assemble(label, f": {fd.op_type} ", (fd.name, "cyan"), where)]
+    elif fd is not None:
+        phrase = f" (#{fd.index}): {first_divergence_phrase(fd)}"
+        lines = [Text.assemble(label, f": {fd.op_type} ", (fd.name, "cyan"), phrase)]
+    else:
+        lines = [Text.assemble(label, ": none among the probed tensors")]
+    rc = r.root_cause
+    if rc is not None:
+        below = "" if r.diverged else ", below the output threshold"
+        names = ", ".join(rc.nodes) or "—"
+        lines.append(
+            Text.assemble(("Root cause", "bold"), " (", (str(rc.kind), "red"), f"{below}): ")
+            + Text.assemble((names, "cyan"), f" — {rc.reason}")
+        )
+        if rc.message:
+            lines.append(Text.assemble(("The target said", "bold"), ":"))
+            lines += [Text(f"  {line}" if line.strip() else "") for line in rc.message.splitlines()]
+    if r.pass_bisection is not None:
+        lines.append(Text.assemble(("Optimizer pass", "bold"), f": {r.pass_bisection.summary()}"))
+    return lines

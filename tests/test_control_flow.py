@@ -79,7 +79,7 @@ def test_nested_branches_are_inlined_and_a_fault_two_levels_down_is_named() -> N
     assert result.verdict == "diverged"
     assert result.root_cause is not None and result.root_cause.nodes == ("double",)
     took = " ".join(result.notes)
-    assert "If 'outer' took its then_branch (1 If(s) nested in them were decided too" in took
+    assert "If 'outer' took its then_branch (1 If nested in them was decided too" in took
 
 
 def test_inlining_keeps_values_and_leaves_the_callers_model_alone() -> None:

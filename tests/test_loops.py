@@ -216,7 +216,7 @@ def test_an_if_inside_a_loop_body_is_decided_per_iteration() -> None:
     # Iteration 0 takes the else branch; the fault first shows where iteration 1 negates.
     assert result.root_cause is not None and result.root_cause.nodes == ("neg",)
     notes = " ".join(result.notes)
-    assert "Loop 'loop' ran 3 iterations (3 If(s) nested in them were decided too)" in notes
+    assert "Loop 'loop' ran 3 iterations (3 Ifs nested in them were decided too)" in notes
 
 
 def test_unrolling_renames_what_a_nested_if_reads_from_the_body() -> None:

@@ -194,7 +194,7 @@ def test_nan_mismatch_is_nonfinite() -> None:
     assert c.status is Status.NONFINITE
     assert c.diverged
     assert c.nonfinite_mismatch == 1
-    assert c.reason == "1 NaN/Inf values differ from the reference"
+    assert c.reason == "1 NaN/Inf value differs from the reference"
     assert c.metrics["rel_l2"] == 0.0  # the finite elements agree
 
 

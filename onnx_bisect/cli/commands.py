@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import shlex
 import sys
 from pathlib import Path
@@ -60,11 +59,13 @@ from onnx_bisect.cli.params import (
     parse_threshold,
     parse_value,
 )
+from onnx_bisect.cli.progress import configure_logging, live_progress
 from onnx_bisect.inputs.feeds import parse_shape
 from onnx_bisect.options import BisectOptions
 from onnx_bisect.report.files import REPORT_FILES, check_formats, staged_out
 from onnx_bisect.repro.bundle import BUNDLE_FILES
 from onnx_bisect.repro.verify import run_bundle
+from onnx_bisect.text import plural
 
 __all__ = ["backends_command", "dump_command", "reduce_command", "repro_command", "run_command"]
 
@@ -106,10 +107,14 @@ def run_command(
     version: VersionOpt = False,
 ) -> None:
     """Find the first node where TARGET departs from REF, and the node that causes it."""
-    _log_level(verbose, debug)
+    configure_logging(verbose=verbose, debug=debug)
     per_input = {"--shape": shape, "--value": value, "--range": range_}
     command = shlex.join(["bisect", *_argv_of(model, ref, target, input, out, per_input)])
-    with user_errors(debug), staged_out(out, bundle_name="repro", owned=REPORT_FILES) as staged:
+    with (
+        user_errors(debug),
+        staged_out(out, bundle_name="repro", owned=REPORT_FILES) as staged,
+        live_progress(quiet=quiet) as progress,
+    ):
         formats = [f.strip() for f in format.split(",") if f.strip()]
         check_formats(formats)  # before the diagnosis, not after it
         result = run_bisect(
@@ -141,6 +146,7 @@ def run_command(
             topk=topk or (),
             repro=staged.bundle if repro else None,
             command=command,
+            progress=progress,
         )
         published = staged.publish(result, formats)
     result = published.result
@@ -186,13 +192,6 @@ def _generated(
         "values": by_input("--value", value, parse_value),
         "ranges": by_input("--range", range_, parse_range),
     }
-
-
-def _log_level(verbose: bool, debug: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
 
 
 def _argv_of(
@@ -243,8 +242,12 @@ def reduce_command(
     debug: DebugOpt = False,
 ) -> None:
     """Write a minimal, verified repro bundle for MODEL to OUT (no reports)."""
-    _log_level(verbose, debug)
-    with user_errors(debug), staged_out(out, bundle_name="", owned=BUNDLE_FILES) as staged:
+    configure_logging(verbose=verbose, debug=debug)
+    with (
+        user_errors(debug),
+        staged_out(out, bundle_name="", owned=BUNDLE_FILES) as staged,
+        live_progress(quiet=quiet) as progress,
+    ):
         result = run_bisect(
             model,
             ref=ref,
@@ -268,6 +271,7 @@ def reduce_command(
                 target_model=target_model,
             ),
             repro=staged.bundle,
+            progress=progress,
         )
         published = staged.publish(result)
     result = published.result
@@ -277,7 +281,8 @@ def reduce_command(
         lines += ["No divergence: nothing to reduce."]
     else:
         lines += [
-            f"{r.path}: {len(r.nodes)} of {r.nodes_before} nodes, {r.runs} target runs",
+            f"{r.path}: {len(r.nodes)} of {plural(r.nodes_before, 'node')}, "
+            f"{plural(r.runs, 'target run')}",
             ("reproduces: " if r.reproduces else "NOT verified: ") + r.message,
         ]
     if not quiet:
@@ -331,7 +336,7 @@ def dump_command(
     """Write every tensor BACKEND computes to OUT, to compare later with --target dump:OUT."""
     from onnx_bisect.dumper import dump
 
-    _log_level(verbose, debug)
+    configure_logging(verbose=verbose, debug=debug)
     with user_errors(debug):
         done = dump(
             model,
@@ -343,9 +348,8 @@ def dump_command(
             max_memory=parse_bytes(max_memory),
         )
     if not quiet:
-        stdout().print(
-            f"{done.tensors} tensors from {backend} in {done.path}/ ({done.runs} run(s))"
-        )
+        tensors, runs = plural(done.tensors, "tensor"), plural(done.runs, "run")
+        stdout().print(f"{tensors} from {backend} in {done.path}/ ({runs})")
 
 
 def backends_command() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,6 +24,8 @@ __all__ = [
 ]
 
 EXIT_MATCH, EXIT_DIVERGED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+# The width a pipe gets: wider than any line, so none is broken (rich has no "unlimited").
+UNWRAPPED = 1 << 20
 
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -47,11 +50,11 @@ def user_errors(debug: bool) -> Iterator[None]:
 
 
 def stdout() -> Console:
-    """Logs and CI capture are not terminals; 80 columns would fold every node name."""
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console = Console(highlight=False, width=max(console.width, 140))
-    return console
+    """A terminal's own width; anything else (a pipe, a file, CI logs) is never wrapped, so
+    each line stays whole for grep and diff, and a table takes its natural width."""
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    return Console(highlight=False, width=UNWRAPPED)
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> None:

@@ -395,7 +395,9 @@ TopOpt = Annotated[
     typer.Option(parser=_count, metavar="N", help="Rows in the terminal's top table (>= 0)."),
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="Only the exit code.")]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", metavar="", help="Log progress.")]
+VerboseOpt = Annotated[
+    bool, typer.Option("--verbose", "-v", metavar="", help="Log each phase with its time and runs.")
+]
 DebugOpt = Annotated[bool, typer.Option(metavar="", help="Show tracebacks for internal errors.")]
 # repro: repro.py's own options, whose defaults are what the bundle recorded.
 BundleRefOpt = Annotated[

@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from onnx_bisect.compare.criterion import Comparison, Criterion, Status
 from onnx_bisect.compare.metrics import _f64, all_metrics, rel_l2
+from onnx_bisect.text import plural
 
 __all__ = ["REFERENCE_ABS_FLOOR", "compare_tensors"]
 
@@ -109,7 +110,8 @@ def _judge_float(ref: Array, target: Array, crit: Criterion, limit: float) -> _J
     metrics = all_metrics(r, t, crit.atol_value, crit.rtol_value)
     score = metrics[crit.key]
     if nonfinite:
-        reason = f"{nonfinite} NaN/Inf values differ from the reference"
+        differ = "differs" if nonfinite == 1 else "differ"
+        reason = f"{plural(nonfinite, 'NaN/Inf value')} {differ} from the reference"
         return Status.NONFINITE, metrics, nonfinite, reason
     if crit.exceeds(score, limit) and not _below_abs_floor(r, metrics, crit):
         if crit.auto:

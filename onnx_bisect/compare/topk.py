@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from onnx_bisect.errors import InputError
+from onnx_bisect.text import plural
 
 __all__ = ["ChangedRow", "TopKCheck", "TopKSpec", "parse_topk", "topk_check", "topk_checks"]
 
@@ -85,8 +86,8 @@ class TopKCheck:
         )
         return (
             f"{self.output} top-{self.k} ({self.spec}): top-1 labels agree on "
-            f"{self.top1_agreement:.2%} of {self.rows} row(s), top-{self.k} sets overlap "
-            f"{self.topk_overlap:.2%}, {self.rows_changed} row(s) with a different "
+            f"{self.top1_agreement:.2%} of {plural(self.rows, 'row')}, top-{self.k} sets overlap "
+            f"{self.topk_overlap:.2%}, {plural(self.rows_changed, 'row')} with a different "
             f"top-{self.k}{flips}"
         )
 

@@ -39,6 +39,7 @@ from onnx_bisect.graph.unroll import (
     unroll_loops,
     unroll_scans,
 )
+from onnx_bisect.text import plural
 
 __all__ = ["MAX_DEPTH", "with_control_flow_inlined"]
 
@@ -306,17 +307,20 @@ def _describe(session: Session, done: _Inlined) -> str:
         **dict.fromkeys(top_level_scans(model), "Scan"),
     }
     parts += [
-        f"{kinds[u.node]} {u.node!r} ran {u.iterations} iteration{'s' if u.iterations != 1 else ''}"
+        f"{kinds[u.node]} {u.node!r} ran {plural(u.iterations, 'iteration')}"
         for u in done.loops
         if u.node in outer
     ]
     nested_ifs = sum(i.node not in outer for i in done.ifs)
     nested_loops = sum(u.node not in outer for u in done.loops)
     nested = [
-        f"{n} {kind}(s)" for n, kind in ((nested_ifs, "If"), (nested_loops, "Loop/Scan")) if n
+        plural(n, *kind)
+        for n, kind in ((nested_ifs, ("If",)), (nested_loops, ("Loop/Scan", "Loops/Scans")))
+        if n
     ]
     text = "; ".join(parts)
     if nested:
-        text += f" ({' and '.join(nested)} nested in them were decided too)"
+        were = "was" if nested_ifs + nested_loops == 1 else "were"
+        text += f" ({' and '.join(nested)} nested in them {were} decided too)"
     nodes = sum(i.nodes for i in done.ifs) + sum(u.nodes for u in done.loops)
-    return text + f", {nodes} nodes inlined in all"
+    return text + f", {plural(nodes, 'node')} inlined in all"

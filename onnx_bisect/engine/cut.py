@@ -60,7 +60,7 @@ def cut_search(session: Session, store: TensorStore) -> CutResult:
             c = compare_tensors(t, store.get(t), out.get(t), s.crit)
             seen[t] = c
             found = found or c.diverged
-        log.info("cut search: position %d (%d live) %s", position, len(live), found)
+        log.debug("cut search: position %d (%d live) %s", position, len(live), found)
         return found
 
     outcome = CutSearch(0, len(loaded.nodes)).run(diverged)

@@ -186,12 +186,17 @@ def diagnose(session: Session, screened: Screened | None = None) -> Diagnosis:
     if screened is None:
         screened = screen_session(session)
     if isinstance(screened, BackendError):
+        log.info("the target failed on the whole model; searching for the node")
         return Diagnosis(None, failure_search(session, screened), diverged=True)
     # After a transform the per-tensor picture is the point (fp16's error curve, proof that
     # no renamed tensor moved), so the scan runs even when the outputs agree.
     if not screened.diverged and not options.always_scan and not session.setup.transforms:
+        log.info("the final outputs agree; nothing more to run")
         return Diagnosis(screened, None, diverged=False)
-    found = STRATEGIES[choose(session)](session, screened)
+    strategy = choose(session)
+    outputs = "diverge" if screened.diverged else "agree"
+    log.info("the final outputs %s; the %s strategy runs", outputs, strategy)
+    found = STRATEGIES[strategy](session, screened)
     return Diagnosis(screened, found, screened.diverged)
 
 

@@ -49,7 +49,7 @@ def failure_search(session: Session, failure: BackendError) -> Found:
             return True
         except BackendError as exc:
             if crash:  # an error is not the symptom being searched for
-                log.info("prefix %d failed without crashing: %s", position, exc)
+                log.debug("prefix %d failed without crashing: %s", position, exc)
                 return False
             errors[position] = exc
             return True

@@ -20,6 +20,7 @@ from onnx_bisect.result import (
     RootCause,
     Verdict,
 )
+from onnx_bisect.text import plural
 
 __all__ = [
     "culprit_cause",
@@ -203,7 +204,8 @@ def _parameter_cause(changed: Sequence[NodeResult], reader: str) -> RootCause:
     return RootCause(
         CauseKind.PARAMETER,
         tuple(n.name for n in changed),
-        f"{len(changed)} constant(s) hold different values on the target ({names}: {why}"
+        f"{plural(len(changed), 'constant')} {'holds' if len(changed) == 1 else 'hold'} "
+        f"different values on the target ({names}: {why}"
         f"{reader}): a transform or the target's precision changed the parameter, not a kernel",
     )
 
@@ -256,7 +258,8 @@ def observer_problem(plain: Observed, instrumented: Observed, crit: Criterion) -
     if changed:
         return (
             "instrumentation changes the target's result: with every tensor marked as an "
-            f"output, {', '.join(changed[:3])} differ from the plain run (a fusion is likely "
+            f"output, {', '.join(changed[:3])} {'differs' if len(changed) == 1 else 'differ'} "
+            "from the plain run (a fusion is likely "
             "involved)"
         )
     if plain.diverged and not instrumented.diverged:
@@ -277,8 +280,9 @@ def mark_pattern(
     cause = RootCause(
         CauseKind.PATTERN,
         names,
-        f"no node diverges alone, but the window {ops} ({len(names)} nodes) does when fed the "
-        f"reference's inputs ({worst.reason or worst.status.value}): a pattern or fusion bug",
+        f"no node diverges alone, but the window {ops} ({plural(len(names), 'node')}) does when "
+        f"fed the reference's inputs ({worst.reason or worst.status.value}): a pattern or "
+        "fusion bug",
     )
     inside = set(names)
     note = f"pattern window: {', '.join(names)}"

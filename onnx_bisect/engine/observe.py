@@ -25,6 +25,7 @@ from onnx_bisect.engine.session import Session
 from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.errors import BackendError, BackendUnavailableError
 from onnx_bisect.graph.extract import with_outputs
+from onnx_bisect.text import plural
 
 __all__ = [
     "FLOAT64_ORACLES",
@@ -66,7 +67,7 @@ def probe_runs(
     """``names`` marked as outputs of ``model`` in chunks of at most ``budget`` bytes; yields
     each chunk with what ``run`` returned for that chunk's model."""
     chunks = plan_chunks(names, sizes, budget)
-    log.info("%d probes in %d chunk(s)", len(names), len(chunks))
+    log.debug("%d probes in %s", len(names), plural(len(chunks), "chunk"))
     for i, chunk in enumerate(chunks):
         log.debug("probe run %d/%d (%d tensors)", i + 1, len(chunks), len(chunk))
         yield chunk, run(with_outputs(model, chunk))
@@ -201,5 +202,5 @@ def _float64_probes(session: Session, backend: Backend, fp32: Backend) -> Float6
             measured = None if single is None else fp32_noise(out[name], single)
             if measured is not None:
                 noise[name] = measured
-    log.info("float64 reference: %d tensors", len(loaded.probes))
+    log.debug("float64 reference: %s", plural(len(loaded.probes), "tensor"))
     return Float64Run(store, noise)

@@ -66,7 +66,7 @@ def find_pattern(
         nodes = tuple(loaded.nodes[i] for i in window)
         exits = _run_window(session, store, nodes)
         if exits is not None and any(c.diverged for c in exits.values()):
-            log.info("pattern: window %s reproduces", [n.name for n in nodes])
+            log.debug("pattern: window %s reproduces", [n.name for n in nodes])
             return Pattern(nodes, exits, tried)
     return None
 
@@ -97,7 +97,7 @@ def _run_window(
     try:
         out = timed_run(session.target, model, feeds, "target", session.stats)
     except BackendError as exc:
-        log.info("pattern: window %s failed: %s", [n.name for n in nodes], exc)
+        log.debug("pattern: window %s failed: %s", [n.name for n in nodes], exc)
         return None
     exits = [o.name for o in model.graph.output]
     return {t: compare_tensors(t, store.get(t), out.get(t), session.crit) for t in exits}

@@ -7,6 +7,7 @@ activations exceed RAM can still be diagnosed within ``max_memory``.
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +19,7 @@ import numpy.typing as npt
 import onnx
 
 from onnx_bisect.backends.protocol import Backend, Tensors
+from onnx_bisect.engine.progress import count_run
 from onnx_bisect.errors import BackendError, InputError
 
 __all__ = ["RunStats", "check_budget", "plan_chunks", "run_pair", "timed_run"]
@@ -29,7 +31,8 @@ U = TypeVar("U")
 
 @dataclass
 class RunStats:
-    """Mutable tallies for the report: runs and seconds spent per backend role."""
+    """Mutable tallies for the report: runs and seconds spent per backend role (each run is
+    also counted in the phase that asked for it, for progress and the log)."""
 
     runs: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
@@ -40,6 +43,7 @@ class RunStats:
         with self._lock:
             self.runs[role] = self.runs.get(role, 0) + 1
             self.seconds[role] = self.seconds.get(role, 0.0) + seconds
+        count_run(role)
 
 
 def plan_chunks(
@@ -114,7 +118,8 @@ def run_pair(
     if not parallel:
         return ref_job(), target_job()
     with ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(ref_job)
+        # The caller's context goes along, so the reference's run counts in the caller's phase.
+        future = pool.submit(contextvars.copy_context().run, ref_job)
         try:
             target_value = target_job()
         except BaseException:

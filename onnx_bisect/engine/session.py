@@ -6,6 +6,7 @@ one; dataset mode opens one ``Session`` per input over a single ``Setup``.
 
 from __future__ import annotations
 
+import contextvars
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -20,6 +21,7 @@ import numpy.typing as npt
 from onnx_bisect.backends.protocol import Backend
 from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.compare.topk import TopKSpec
+from onnx_bisect.engine.progress import NoProgress, Progress, phase
 from onnx_bisect.engine.runs import RunStats
 from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.graph.sizes import probe_bytes
@@ -56,16 +58,19 @@ class Setup:
 
 @dataclass
 class StageTimer:
-    """Seconds per stage, for the report; ``total`` counts from the timer's creation."""
+    """Seconds per stage, for the report; ``total`` counts from the timer's creation. Each
+    stage is a phase for ``progress`` and the log (``engine.progress``)."""
 
     seconds: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
+    progress: Progress = field(default_factory=NoProgress)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
-            yield
+            with phase(name, self.progress):
+                yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
@@ -108,7 +113,8 @@ class Session:
             self.criterion = job()
             return
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="float64")
-        self._pending = pool.submit(job)
+        # A copy of this context: the job's runs are counted in the phase it opens itself.
+        self._pending = pool.submit(contextvars.copy_context().run, job)
         pool.shutdown(wait=False)
 
     @property

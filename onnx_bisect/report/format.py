@@ -1,4 +1,8 @@
-"""Number and label formatting shared by the text reports."""
+"""Number and label formatting shared by the text reports.
+
+``fmt``, ``fmt_amp`` and ``plural`` come from ``onnx_bisect.text`` (the result's own summary
+uses them too) and are re-exported here for the report modules.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,8 @@ import math
 import re
 
 from onnx_bisect.report.curve import error_curve
-from onnx_bisect.result import BisectResult, NodeResult
+from onnx_bisect.result import BisectResult, NodeResult, first_divergence_phrase
+from onnx_bisect.text import fmt, fmt_amp, plural
 
 __all__ = [
     "chain_line",
@@ -16,32 +21,9 @@ __all__ = [
     "fmt",
     "fmt_amp",
     "node_label",
+    "plural",
     "search_line",
 ]
-
-
-def fmt(x: float | None) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "—"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if x == 0:
-        return "0"
-    if 1e-3 <= abs(x) < 1e4:
-        return f"{x:.4g}"
-    return f"{x:.3e}"
-
-
-def fmt_amp(x: float | None) -> str:
-    return "—" if x is None else f"×{fmt(x)}"
-
-
-def first_divergence_phrase(n: NodeResult) -> str:
-    """What a first divergence without its own diverged tensor is: the cut search's transition
-    node, where the final outputs start to differ (never printed as "ok")."""
-    if n.verdict.value in ("ok", "not-probed"):
-        return "the final outputs diverge from here on, though its own tensor does not"
-    return n.verdict.value
 
 
 def node_label(n: NodeResult) -> str:
@@ -53,10 +35,11 @@ def search_line(result: BisectResult) -> str:
     if s is None:
         return ""
     shape = "monotone" if s.monotone else "not monotone, refined linearly"
-    extra = f", {s.pattern_windows_tried} pattern windows" if s.pattern_windows_tried else ""
+    windows = plural(s.pattern_windows_tried, "pattern window")
+    extra = f", {windows}" if s.pattern_windows_tried else ""
     return (
-        f"cut search: {s.runs} target runs over {len(result.nodes)} nodes ({shape}), "
-        f"transition after {s.transition_node}{extra}"
+        f"cut search: {plural(s.runs, 'target run')} over {plural(len(result.nodes), 'node')} "
+        f"({shape}), transition after {s.transition_node}{extra}"
     )
 
 
@@ -69,7 +52,8 @@ def chain_line(result: BisectResult, most: int = 6) -> str:
     overall = last.rel_l2 / first.rel_l2 if first.rel_l2 else None
     gains = sorted((c for c in chain[1:] if c.gain is not None), key=lambda c: -(c.gain or 0))
     big = ", ".join(f"{c.op_type} {c.node} ×{fmt(c.gain)}" for c in gains[:3] if (c.gain or 0) > 1)
-    path = f"{first.op_type} {first.node} {fmt(first.rel_l2)} → … ({len(chain) - 2} nodes) → "
+    between = plural(len(chain) - 2, "node")
+    path = f"{first.op_type} {first.node} {fmt(first.rel_l2)} → … ({between}) → "
     path += f"{last.op_type} {last.node} {fmt(last.rel_l2)}"
     growth = f"×{fmt(overall)} overall" if overall is not None else ""
     tail = f"; largest gains: {big}" if big else ""

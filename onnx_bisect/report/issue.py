@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from onnx_bisect.report.format import fenced, fmt
+from onnx_bisect.report.format import fenced, fmt, plural
 from onnx_bisect.report.markdown import render_markdown, render_table
 from onnx_bisect.result import CauseKind
 
@@ -56,7 +56,7 @@ def _bundle_lines(result: BisectResult) -> list[str]:
         ]
     return [
         *pair,
-        f"- {len(r.nodes)} node(s) of {r.nodes_before}: "
+        f"- {plural(len(r.nodes), 'node')} of {r.nodes_before}: "
         + ", ".join(f"`{n}`" for n in r.nodes[:8])
         + (" …" if len(r.nodes) > 8 else ""),
         f"- fed {'the reference’s tensors at the cut' if r.isolated else 'the model’s own inputs'}",
@@ -125,7 +125,7 @@ def render_issue(result: BisectResult) -> str:
             head += ["", "## What the target said", "", *fenced(rc.message)]
     top = result.top(TOP_ROWS)
     if top:
-        head += ["", f"## Top {len(top)} nodes", ""] + render_table(result, top)
+        head += ["", f"## Top {plural(len(top), 'node')}", ""] + render_table(result, top)
     body = "\n".join(head)
     full = render_markdown(result)
     room = MAX_ISSUE_CHARS - len(body) - 200

@@ -12,6 +12,7 @@ from onnx_bisect.report.format import (
     fmt,
     fmt_amp,
     node_label,
+    plural,
     search_line,
 )
 from onnx_bisect.report.passes import pass_markdown
@@ -77,24 +78,25 @@ def render_markdown(result: BisectResult) -> str:
     if curve:
         lines += ["", "**Error curve** (`!` = segment holds a divergent tensor)", "", "```text"]
         lines += [*curve, "```"]
-    if result.top(TOP_K):
-        lines += ["", f"**Top {TOP_K} nodes by accumulated error**", ""]
-        lines += render_table(result, result.top(TOP_K))
+    top = result.top(TOP_K)
+    if top:
+        lines += ["", f"**Top {plural(len(top), 'node')} by accumulated error**", ""]
+        lines += render_table(result, top)
         shown = list(result.nodes[:MAX_FULL_TABLE_ROWS])
         lines += ["", "<details><summary>All probed nodes</summary>", ""]
         lines += render_table(result, shown)
         if len(result.nodes) > len(shown):
-            lines += [
-                "",
-                f"*Truncated: {len(result.nodes) - len(shown)} more rows in `nodes.csv`.*",
-            ]
+            more = plural(len(result.nodes) - len(shown), "more row")
+            lines += ["", f"*Truncated: {more} in `nodes.csv`.*"]
         lines += ["", "</details>"]
     if result.repro is not None:
         r = result.repro
         state = "verified" if r.reproduces else "not verified"
         lines += ["", f"**Repro bundle** (`{r.path}`, {state}): {r.message}"]
     if result.not_probed:
-        lines += ["", f"{len(result.not_probed)} tensors inside subgraphs were not probed."]
+        n = len(result.not_probed)
+        were = "was" if n == 1 else "were"
+        lines += ["", f"{plural(n, 'tensor')} inside subgraphs {were} not probed."]
     if result.notes:
         lines += ["", "**Notes**", ""] + [f"- {n}" for n in result.notes]
     runs = ", ".join(f"{k}: {v}" for k, v in result.runs.items())

@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 from onnx_bisect.result import PassBisection, PassOutcome
+from onnx_bisect.text import plural
 
-__all__ = ["pass_headline", "pass_markdown"]
+__all__ = ["pass_markdown"]
 
 _MAX_REWRITTEN = 12  # node names listed; the rest are counted
 _VERIFIED = "verified: it agrees with the reference"
-
-
-def pass_headline(pb: PassBisection) -> str:
-    """One paragraph: which passes, in how many runs, and the workaround's spec."""
-    if pb.outcome is not PassOutcome.GUILTY:
-        return pb.reason
-    names = " + ".join(pb.guilty)
-    state = _VERIFIED if pb.workaround_verified else "NOT verified: it still diverges"
-    text = f"{names} ({_runs(pb)}; {pb.reason}). Workaround: --target '{pb.workaround}' ({state})"
-    if pb.rewritten:
-        text += f". It rewrote {_listed(pb.rewritten)}"
-    return text
 
 
 def pass_markdown(pb: PassBisection) -> list[str]:
@@ -41,7 +30,7 @@ def pass_markdown(pb: PassBisection) -> list[str]:
 
 
 def _runs(pb: PassBisection) -> str:
-    return f"{pb.runs} run{'s' if pb.runs != 1 else ''} of the target to name"
+    return f"{plural(pb.runs, 'run')} of the target to name"
 
 
 def _listed(nodes: tuple[str, ...], *, code: bool = False) -> str:

@@ -36,6 +36,7 @@ from onnx_bisect.graph.view import LoadedModel, NodeInfo
 from onnx_bisect.repro.script import render_repro_script
 from onnx_bisect.repro.verify import diverged_outputs, output_tail, rerun_in_process, run_bundle
 from onnx_bisect.result import ReproInfo
+from onnx_bisect.text import plural
 
 __all__ = ["BUNDLE_FILES", "BundleJob", "build_bundle", "write_repro"]
 
@@ -145,16 +146,18 @@ def build_bundle(
         last_written = (cand, tail)
         if ok:
             shown = ", ".join(names[:4]) + (" …" if len(names) > 4 else "")
-            message = f"{len(names)} node(s): {shown} ({runs} target run(s) to minimize)"
+            spent = plural(runs, "target run")
+            message = f"{plural(len(names), 'node')}: {shown} ({spent} to minimize)"
             if cand.prefix:
                 message = (
                     f"does not reproduce in isolation, smallest reproducing subgraph has "
-                    f"{len(names)} nodes (the graph up to {names[-1]!r})"
+                    f"{plural(len(names), 'node')} (the graph up to {names[-1]!r})"
                 )
             return ReproInfo(
                 str(out_dir), kind, names, len(loaded.nodes), runs, not cand.prefix, True, message
             )
-        log.info("bundle of %d nodes did not reproduce in a fresh process: %s", len(names), tail)
+        size = plural(len(names), "node")
+        log.debug("a bundle of %s did not reproduce in a fresh process: %s", size, tail)
     runs = stats.runs.get("target", 0) - runs_before
     if last_written is None:
         return ReproInfo(
@@ -165,8 +168,8 @@ def build_bundle(
     names = tuple(n.name for n in cand.nodes)
     return ReproInfo(
         str(out_dir), kind, names, len(loaded.nodes), runs, not cand.prefix, False,
-        f"the last bundle written ({len(names)} nodes) reproduced in this process but not when "
-        f"re-run in a fresh one (nondeterminism?): {tail}",
+        f"the last bundle written ({plural(len(names), 'node')}) reproduced in this process but "
+        f"not when re-run in a fresh one (nondeterminism?): {tail}",
     )  # fmt: skip
 
 
@@ -214,7 +217,7 @@ def _reproduce(job: BundleJob, cand: _Candidate) -> _Built | None:
     except BackendError as exc:
         if job.symptom == "error":
             return built
-        log.info("candidate failed on the target: %s", exc)
+        log.debug("candidate failed on the target: %s", exc)
         return None
     if job.symptom != "divergence":
         return None
@@ -262,7 +265,7 @@ def _finish(model: onnx.ModelProto) -> onnx.ModelProto:
     try:
         model = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception as exc:  # a custom op defeats inference; the bundle still runs
-        log.info("shape inference on the bundle failed: %s", exc)
+        log.debug("shape inference on the bundle failed: %s", exc)
     return model
 
 
