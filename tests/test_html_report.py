@@ -143,6 +143,8 @@ def test_the_graph_shows_the_root_cause_and_its_chain(result: BisectResult) -> N
     head = [c.index for c in result.chain[:8]]
     assert set(head) <= set(by_index)
     assert all((a, b) in hood.edges for a, b in zip(head, head[1:], strict=False))
+    steps = set(zip(head, head[1:], strict=False))
+    assert steps <= hood.chain_steps
     text = render_html(result)
     assert '<g class="node v-culprit centre" transform="translate(' in text
     assert f"<title>#4 Conv {FAULT}\nverdict: culprit" in text

@@ -35,7 +35,7 @@ class Neighbourhood:
     edges: tuple[tuple[int, int], ...]  # producer index -> consumer index
     skipped: tuple[tuple[int, int, int], ...]  # chain link -> next kept link, nodes between
     centre: frozenset[int]
-    chain: frozenset[int]
+    chain_steps: frozenset[tuple[int, int]]  # consecutive links of the whole chain
 
 
 def neighbourhood(result: BisectResult, hops: int = 3) -> Neighbourhood | None:
@@ -64,13 +64,15 @@ def neighbourhood(result: BisectResult, hops: int = 3) -> Neighbourhood | None:
     chosen = sorted(set(picked[:MAX_NODES]))
     inside = set(chosen)
     edges = tuple((u, v) for v in chosen for u in producers.get(v, ()) if u in inside)
+    drawn = [i for i in chain if i in inside]  # the rings may have picked links, too
     skipped = tuple(
         (a, b, chain.index(b) - chain.index(a) - 1)
-        for a, b in zip(kept_chain, kept_chain[1:], strict=False)
+        for a, b in zip(drawn, drawn[1:], strict=False)
         if (a, b) not in edges
     )
+    steps = frozenset(zip(chain, chain[1:], strict=False))
     return Neighbourhood(
-        tuple(by_index[i] for i in chosen), edges, skipped, frozenset(centre), frozenset(chain)
+        tuple(by_index[i] for i in chosen), edges, skipped, frozenset(centre), steps
     )
 
 
@@ -127,10 +129,8 @@ def neighbourhood_svg(hood: Neighbourhood, criterion_key: str) -> str:
         'markerHeight="8" markerUnits="userSpaceOnUse" orient="auto">'
         '<path d="M0,0 L8,4 L0,8 z" fill="#666"/></marker></defs>',
     ]
-    chain = hood.chain
     for u, v in hood.edges:
-        on_chain = u in chain and v in chain
-        cls = "edge chain" if on_chain else "edge"
+        cls = "edge chain" if (u, v) in hood.chain_steps else "edge"
         parts.append(_arrow(pos[u], pos[v], cls, "", jump=layer[v] - layer[u] > 1))
     for a, b, count in hood.skipped:
         title = f"{count} more on the chain"
