@@ -28,7 +28,7 @@ from onnx_bisect.report.neighbourhood import MAX_NODES, neighbourhood
 from onnx_bisect.report.plots import PLOTS_HINT
 from onnx_bisect.result import BisectResult
 from tests.browser import chromium, close, open_page
-from tests.faulty import FaultyBackend
+from tests.faulty import FaultyBackend, RefusingBackend
 from tests.models import FAULTY_RUNTIME, YOLO, chain
 
 FAULT = "/down1/conv/Conv"
@@ -187,6 +187,15 @@ def test_a_match_is_a_page_too(tmp_path: Path) -> None:
     assert '<span class="verdict match">No divergence</span>' in text
     assert "<svg" not in text  # no node was probed: no curve, no graph
     assert "Root cause neighbourhood" not in text
+
+
+def test_a_target_that_cannot_run_a_node_is_quoted_and_drawn() -> None:
+    result = onnx_bisect.bisect(chain(3), target=RefusingBackend("Tanh"))
+    text = render_html(result)
+    assert "<dt>Root cause</dt><dd><b>unsupported</b>: <code>act0</code>." in text
+    assert "The target said:<pre>op Tanh is not implemented (node act0)</pre>" in text
+    assert '<p class="note">No node has a measured error to draw.</p>' in text
+    assert '<g class="node v-unsupported centre"' in text
 
 
 def test_bisect_writes_the_page_and_the_image_by_default(tmp_path: Path) -> None:

@@ -184,6 +184,7 @@ def _figure(result: BisectResult, s: _Series) -> Any:
     ax.set_ylabel("rel_l2 (log scale)")
     ax.set_title("Error per node (an exact zero leaves a gap)", fontsize=9)
     ax.grid(True, which="major", color="#e4e4e4", lw=0.5)
-    ax.set_xlim(min(xs) - 0.5, max(xs) + 0.5)
+    pad = max(1.0, 0.01 * (max(xs) - min(xs)))  # a mark at the first node clears the axis
+    ax.set_xlim(min(xs) - pad, max(xs) + pad)
     fig.legend(loc="outside lower center", ncols=4, fontsize=7.5, frameon=False)
     return fig
