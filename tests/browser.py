@@ -13,8 +13,10 @@ import contextlib
 import fcntl
 import json
 import os
+import select
 import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,7 @@ class Page:
     proc: subprocess.Popen[bytes]
     to_browser: int
     from_browser: int
+    profile: str
     session: str = ""
     requests: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -81,6 +84,9 @@ class Page:
         while b"\0" not in self._buffer:
             if time.monotonic() > deadline:
                 raise TimeoutError("the browser did not answer")
+            ready, _, _ = select.select([self.from_browser], [], [], deadline - time.monotonic())
+            if not ready:
+                continue  # the deadline check above raises
             chunk = os.read(self.from_browser, 1 << 16)
             if not chunk:
                 raise RuntimeError("the browser closed its pipe")
@@ -108,14 +114,16 @@ def open_page(browser: str, url: str, width: int = 1280, height: int = 1000) -> 
     return once the page has loaded. Close it with ``close(page)``."""
     to_browser_r, to_browser_w = os.pipe()
     from_browser_r, from_browser_w = os.pipe()
-    # Above 4, so that moving one end to fd 3 or 4 cannot close the other.
-    to_browser_r, from_browser_w = (_above_four(fd) for fd in (to_browser_r, from_browser_w))
+    # Above 9, so that moving one end to fd 3 or 4 cannot close the other.
+    to_browser_r, from_browser_w = (_high(fd) for fd in (to_browser_r, from_browser_w))
+    profile = tempfile.mkdtemp(prefix="onnx-bisect-chromium-")
     args = [
         "--headless",
         "--no-sandbox",  # root in a container has no user namespace to sandbox with
         "--disable-gpu",
         "--no-first-run",
         "--remote-debugging-pipe",
+        f"--user-data-dir={profile}",  # not the user's profile, and nothing left behind
         f"--window-size={width},{height}",
         "about:blank",
     ]
@@ -131,7 +139,16 @@ def open_page(browser: str, url: str, width: int = 1280, height: int = 1000) -> 
     )
     os.close(to_browser_r)
     os.close(from_browser_w)
-    page = Page(proc, to_browser_w, from_browser_r)
+    page = Page(proc, to_browser_w, from_browser_r, profile)
+    try:
+        _load(page, url, width, height)
+    except BaseException:
+        close(page)
+        raise
+    return page
+
+
+def _load(page: Page, url: str, width: int, height: int) -> None:
     target = page.call("Target.createTarget", url="about:blank")["targetId"]
     page.session = page.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
     for domain in ("Network", "Runtime", "Log", "Page"):
@@ -145,10 +162,9 @@ def open_page(browser: str, url: str, width: int = 1280, height: int = 1000) -> 
     )
     page.call("Page.navigate", url=url)
     page.wait_for("Page.loadEventFired")
-    return page
 
 
-def _above_four(fd: int) -> int:
+def _high(fd: int) -> int:
     high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
     os.close(fd)
     return high
@@ -164,3 +180,4 @@ def close(page: Page) -> None:
         page.proc.wait()
     os.close(page.to_browser)
     os.close(page.from_browser)
+    shutil.rmtree(page.profile, ignore_errors=True)
