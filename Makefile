@@ -19,7 +19,7 @@ demo: $(STAMP)
 	  --target "exec:$(BIN)/python examples/faulty_runtime.py {model} {inputs} {outputs} --fault /down1/conv/Conv=0.05" \
 	  --out demo-report; rc=$$?; \
 	  if [ $$rc -ne 1 ]; then echo "demo: expected exit 1 (divergence found), got $$rc"; exit 1; fi
-	@echo "Exit 1 = divergence found. Reports in demo-report/ (report.md, report.json, nodes.csv, inputs.npz)"
+	@echo "Exit 1 = divergence found. Reports in demo-report/ (report.html, report.md, report.json, nodes.csv, inputs.npz)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -228,9 +228,11 @@ def test_subprocess_onnx_bisect_backends() -> None:
 
 
 def test_unknown_format_is_a_usage_error_before_any_run(tmp_path: Path) -> None:
-    res = runner.invoke(bisect_app, [str(YOLO), "-t", "ref", "-f", "md,html", "-o", str(tmp_path)])
+    res = runner.invoke(bisect_app, [str(YOLO), "-t", "ref", "-f", "md,pdf", "-o", str(tmp_path)])
     assert res.exit_code == 2
-    assert res.stderr.strip() == "error: unknown report format(s) html; choose from md, json, csv"
+    assert res.stderr.strip() == (
+        "error: unknown report format(s) pdf; choose from md, json, csv, html, png"
+    )
     assert not list(tmp_path.iterdir())
 
 

@@ -99,7 +99,7 @@ def run_command(
         Path | None, typer.Option("--out", "-o", metavar="DIR", help="Write reports here.")
     ] = None,
     repro: ReproOpt = True,
-    format: FormatOpt = "md,json,csv",
+    format: FormatOpt = "md,json,csv,html,png",
     top: TopOpt = 10,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,

@@ -1,5 +1,5 @@
-"""Reports: terminal summary, Markdown, JSON and CSV. The only package besides the CLI that
-prints or writes report files."""
+"""Reports: terminal summary, Markdown, JSON, CSV, HTML and the error curve's PNG. The only
+package besides the CLI that prints or writes report files."""
 
 from onnx_bisect.report.files import write_bundle_docs, write_reports
 from onnx_bisect.report.markdown import render_markdown

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import logging
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -14,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from onnx_bisect.errors import InputError
 from onnx_bisect.inputs.feeds import save_npz
+from onnx_bisect.report.html import render_html
 from onnx_bisect.report.issue import render_bundle_readme, render_issue
 from onnx_bisect.report.markdown import render_markdown
 from onnx_bisect.report.outdir import Replaced, check_out_dir, replace_owned, staging_dir
+from onnx_bisect.report.plots import PLOTS_HINT, curve_png, plots_available
 from onnx_bisect.report.serialize import NODE_COLUMNS, node_rows, to_dict
 
 if TYPE_CHECKING:
@@ -33,10 +36,22 @@ __all__ = [
     "write_reports",
 ]
 
-FORMATS = ("md", "json", "csv")
+logger = logging.getLogger(__name__)
+
+# ``png`` is error_curve.png, a format of its own: it needs the optional matplotlib, and one
+# may want the page without the image or the image alone (to paste into a chat).
+FORMATS = ("md", "json", "csv", "html", "png")
 # Everything ``bisect --out DIR`` may write in DIR: a rerun replaces all of it, even what it
 # does not write this time (a clean run leaves no earlier bundle behind).
-REPORT_FILES = ("report.json", "report.md", "nodes.csv", "inputs.npz", "repro")
+REPORT_FILES = (
+    "report.json",
+    "report.md",
+    "nodes.csv",
+    "report.html",
+    "error_curve.png",
+    "inputs.npz",
+    "repro",
+)
 
 
 def check_formats(formats: Sequence[str]) -> None:
@@ -67,10 +82,30 @@ def write_reports(
         path = out_dir / "nodes.csv"
         _write_csv(path, node_rows(result))
         written.append(path)
+    if "html" in formats:
+        path = out_dir / "report.html"
+        path.write_text(render_html(result), encoding="utf-8")
+        written.append(path)
+    if "png" in formats:
+        written += _write_png(result, out_dir / "error_curve.png")
     path = out_dir / "inputs.npz"
     save_npz(path, result.inputs)
     written.append(path)
     return written
+
+
+def _write_png(result: BisectResult, path: Path) -> list[Path]:
+    """error_curve.png, or a warning why not: a run without the plots extra still writes
+    every other report (the default formats ask for the image)."""
+    if not plots_available():
+        logger.warning("error_curve.png not written: it needs matplotlib (%s)", PLOTS_HINT)
+        return []
+    png = curve_png(result)
+    if png is None:
+        logger.info("error_curve.png not written: no node has a measured error")
+        return []
+    path.write_bytes(png)
+    return [path]
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
