@@ -40,6 +40,8 @@ def test_bisect_finds_planted_fault_and_writes_reports(tmp_path: Path) -> None:
         "report.md",
         "report.json",
         "nodes.csv",
+        "report.html",
+        "error_curve.png",
         "inputs.npz",
         "repro",
     }
