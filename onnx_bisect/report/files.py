@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from onnx_bisect.errors import InputError
 from onnx_bisect.inputs.feeds import save_npz
+from onnx_bisect.report.explorer import EXPLORER_DIR, write_explorer
 from onnx_bisect.report.issue import render_bundle_readme, render_issue
 from onnx_bisect.report.markdown import render_markdown
 from onnx_bisect.report.outdir import Replaced, check_out_dir, replace_owned, staging_dir
@@ -36,7 +37,7 @@ __all__ = [
 FORMATS = ("md", "json", "csv")
 # Everything ``bisect --out DIR`` may write in DIR: a rerun replaces all of it, even what it
 # does not write this time (a clean run leaves no earlier bundle behind).
-REPORT_FILES = ("report.json", "report.md", "nodes.csv", "inputs.npz", "repro")
+REPORT_FILES = ("report.json", "report.md", "nodes.csv", "inputs.npz", "repro", EXPLORER_DIR)
 
 
 def check_formats(formats: Sequence[str]) -> None:
@@ -70,6 +71,7 @@ def write_reports(
     path = out_dir / "inputs.npz"
     save_npz(path, result.inputs)
     written.append(path)
+    written += write_explorer(result, out_dir / EXPLORER_DIR)  # Model Explorer overlays
     return written
 
 
