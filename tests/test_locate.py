@@ -60,7 +60,10 @@ def test_planted_conv_fault_exec_runtime(py: str, tmp_path) -> None:
     result = onnx_bisect.bisect(YOLO, ref="cpu", target=exec_target(py, f"{FAULT_NODE}=0.05"))
     _check_planted(result, FAULT_NODE)
     written = onnx_bisect.write_reports(result, tmp_path)
-    assert {p.name for p in written} == {"report.json", "report.md", "nodes.csv", "inputs.npz"}
+    assert {p.relative_to(tmp_path).as_posix() for p in written} == {
+        "report.json", "report.md", "nodes.csv", "inputs.npz", "explorer/accumulated.json",
+        "explorer/isolated.json", "explorer/view.json",
+    }  # fmt: skip
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["schema"] == "onnx-bisect/report/v1"
     assert report["verdict"] == "diverged"

@@ -125,7 +125,7 @@ def _nodes_section(result: BisectResult) -> list[str]:
     if not result.nodes:
         return []
     rows = around(result)
-    where = f"all {plural(len(result.nodes), 'probed node')} are in `nodes.csv` and `report.json`"
+    where = f"the full table, {plural(len(result.nodes), 'probed node')}, is in `nodes.csv`"
     if rows:
         title = f"**Nodes around the root cause**, in graph order ({where})"
         return ["", title, "", *render_table(result, rows)]

@@ -8,17 +8,18 @@ quoted labels, with Mermaid's entity codes for the characters a label cannot hol
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from onnx_bisect.text import fmt, plural
 
 if TYPE_CHECKING:
-    from onnx_bisect.result import BisectResult, NodeResult
+    from onnx_bisect.result import BisectResult, ChainLink, NodeResult
 
 __all__ = ["focus_node", "mermaid_lines"]
 
-CHAIN_HEAD = 5  # chain links drawn from the root cause on; the rest are elided to the last
-CHAIN_TAIL = 2
+# Chain links drawn: the first from the root cause on, the last ones, and the largest gains.
+CHAIN_HEAD, CHAIN_TAIL, CHAIN_GAINS = 4, 2, 3
 _NAME_CHARS = 40
 _STYLES = {
     "culprit": "fill:#f8d7da,stroke:#b02a37,stroke-width:2px",
@@ -58,19 +59,16 @@ def mermaid_lines(result: BisectResult) -> list[str]:
     fd = result.first_divergence
     if fd is not None and fd.name in by_name:
         shown.setdefault(fd.name, by_name[fd.name])
-    chain = [by_name[c.node] for c in result.chain if c.node in by_name]
-    elided = 0
-    if len(chain) > CHAIN_HEAD + CHAIN_TAIL + 1:
-        elided = len(chain) - CHAIN_HEAD - CHAIN_TAIL
-        drawn = chain[:CHAIN_HEAD] + chain[-CHAIN_TAIL:]
-    else:
-        drawn = chain
-    for n in drawn:
+    chain = [c for c in result.chain if c.node in by_name]
+    picked = _chain_positions(chain)
+    drawn = [(i, by_name[chain[i].node]) for i in picked]
+    for _, n in drawn:
         shown.setdefault(n.name, n)
     nodes = sorted(shown.values(), key=lambda n: n.index)
     key = result.criterion.key
     lines = ["```mermaid", "flowchart LR"]
-    lines += [f'  n{n.index}["{_label(n, key)}"]' for n in nodes]
+    gain = {c.node: c.gain for c in chain}
+    lines += [f'  n{n.index}["{_label(n, key, gain.get(n.name))}"]' for n in nodes]
     edges = {
         (a.index, b.index)
         for a in nodes
@@ -78,10 +76,10 @@ def mermaid_lines(result: BisectResult) -> list[str]:
         if a is not b and set(a.outputs) & set(b.inputs)
     }
     lines += [f"  n{a} --> n{b}" for a, b in sorted(edges)]
-    # Consecutive chain links that are not drawn next to each other: a dotted hop.
-    for a, b in zip(drawn, drawn[1:], strict=False):
+    # Chain links drawn apart, with the links between them left out: a dotted hop.
+    for (i, a), (j, b) in zip(drawn, drawn[1:], strict=False):
         if (a.index, b.index) not in edges:
-            between = f'|"{plural(elided, "node")}"|' if elided and b is drawn[CHAIN_HEAD] else ""
+            between = f'|"{plural(j - i - 1, "node")}"|' if j - i > 1 else ""
             lines.append(f"  n{a.index} -.->{between} n{b.index}")
     used = {_style(n) for n in nodes}
     lines += [f"  classDef {c} {s}" for c, s in _STYLES.items() if c in used]
@@ -91,15 +89,27 @@ def mermaid_lines(result: BisectResult) -> list[str]:
     return [*lines, "```"]
 
 
+def _chain_positions(chain: Sequence[ChainLink]) -> list[int]:
+    """The links drawn: the first few from the root cause, the last, and the largest gains."""
+    if len(chain) <= CHAIN_HEAD + CHAIN_TAIL + CHAIN_GAINS:
+        return list(range(len(chain)))
+    gains = sorted(
+        (i for i, c in enumerate(chain) if (c.gain or 0) > 1), key=lambda i: -(chain[i].gain or 0)
+    )
+    ends = {*range(CHAIN_HEAD), *range(len(chain) - CHAIN_TAIL, len(chain))}
+    return sorted(ends | set(gains[:CHAIN_GAINS]))
+
+
 def _style(n: NodeResult) -> str:
     v = n.verdict.value
     return v if v in _STYLES else "other"
 
 
-def _label(n: NodeResult, key: str) -> str:
+def _label(n: NodeResult, key: str, gain: float | None) -> str:
     name = n.name if len(n.name) <= _NAME_CHARS else "…" + n.name[-(_NAME_CHARS - 1) :]
     error = f"<br/>{key} {fmt(n.accumulated_error)}" if n.accumulated is not None else ""
-    return f"{n.op_type} {_escape(name)}{error}<br/>{n.verdict.value}"
+    grew = f", gain ×{fmt(gain)}" if gain is not None else ""
+    return f"{n.op_type} {_escape(name)}{error}<br/>{n.verdict.value}{grew}"
 
 
 def _escape(text: str) -> str:
