@@ -3,6 +3,7 @@ adapter gives the model's nodes, and the files are what its node-data classes de
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import shlex
@@ -56,13 +57,16 @@ def test_overlays_are_keyed_by_the_models_node_names(yolo_out: Any) -> None:
     assert set(results) == set(scored)
     assert set(results) <= {n.name for n in graph.node}
     assert results[FAULT]["value"] == pytest.approx(scored[FAULT].accumulated_error)
-    assert results[FAULT]["bgColor"] != results[result.nodes[0].name]["bgColor"]  # red vs green
+    # Red where the tensor's own threshold was crossed, green where not.
+    colour = {n.name: results[n.name]["bgColor"] for n in scored.values()}
+    diverged = {n.name for n in scored.values() if n.accumulated.diverged}
+    assert {colour[n] for n in diverged} == {"#ef9a9a"} and FAULT in diverged
+    assert {c for n, c in colour.items() if n not in diverged} == {"#a5d6a7"}
     iso = _load(out / "explorer" / "isolated.json")[graph.name]["results"]
     assert set(iso) == {n.name for n in result.nodes if n.isolated is not None}
     assert iso[FAULT]["value"] == pytest.approx(0.05, rel=1e-3)
-    thresholds = acc[graph.name]["thresholds"]
-    assert thresholds[0]["value"] == result.criterion.threshold
-    assert all(math.isfinite(t["value"]) for t in thresholds)
+    assert result.criterion.noise is not None  # per-tensor thresholds: no single legend
+    assert "thresholds" not in acc[graph.name]
     # A named model is shown as it is: no copy, the manifest points at the file.
     assert not (out / "explorer" / "model.onnx").exists()
     files = read_explorer(out)
@@ -70,25 +74,29 @@ def test_overlays_are_keyed_by_the_models_node_names(yolo_out: Any) -> None:
     assert [p.name for p in files.overlays] == ["accumulated.json", "isolated.json"]
 
 
-def test_overlays_validate_against_model_explorers_node_data_classes(yolo_out: Any) -> None:
-    ndb = pytest.importorskip(
-        "model_explorer.node_data_builder", reason="ai-edge-model-explorer absent"
-    )
-    dacite = pytest.importorskip("dacite", reason="dacite absent")
-    _, out = yolo_out
+def validate(data: dict[str, Any]) -> None:
+    """Check node data against Model Explorer's own classes, where it is installed."""
+    if importlib.util.find_spec("model_explorer") is None:
+        return
+    import dacite
+    from model_explorer import node_data_builder as ndb
+
+    # Strict: a field that is not theirs, or one of another type, fails here.
     strict = dacite.Config(strict=True, check_types=True)
+    graphs = {gid: dacite.from_dict(ndb.GraphNodeData, g, config=strict) for gid, g in data.items()}
+    written = json.loads(ndb.ModelNodeData(graphsData=graphs).to_json_string())
+    # Nothing was lost on the way (their writer adds its defaults).
+    assert {gid: {k: written[gid][k] for k in g} for gid, g in data.items()} == data
+    for g in graphs.values():
+        assert all(isinstance(r, ndb.NodeDataResult) for r in g.results.values())
+        assert all(isinstance(t, ndb.ThresholdItem) for t in g.thresholds)
+
+
+def test_overlays_validate_against_model_explorers_node_data_classes(yolo_out: Any) -> None:
+    pytest.importorskip("model_explorer.node_data_builder", reason="ai-edge-model-explorer absent")
+    _, out = yolo_out
     for name in ("accumulated.json", "isolated.json"):
-        data = _load(out / "explorer" / name)
-        # Strict: a field that is not theirs, or of another type, fails here.
-        graphs = {
-            gid: dacite.from_dict(ndb.GraphNodeData, g, config=strict) for gid, g in data.items()
-        }
-        written = json.loads(ndb.ModelNodeData(graphsData=graphs).to_json_string())
-        # Nothing was lost on the way (their writer adds its defaults).
-        assert {gid: {k: written[gid][k] for k in g} for gid, g in data.items()} == data
-        assert all(
-            isinstance(r, ndb.NodeDataResult) for g in graphs.values() for r in g.results.values()
-        )
+        validate(_load(out / "explorer" / name))
 
 
 def test_overlay_keys_are_node_ids_of_model_explorers_onnx_adapter(yolo_out: Any) -> None:
@@ -97,6 +105,18 @@ def test_overlay_keys_are_node_ids_of_model_explorers_onnx_adapter(yolo_out: Any
     for name in ("accumulated.json", "isolated.json"):
         for gid, g in _load(out / "explorer" / name).items():
             assert set(g["results"]) <= ids[gid]
+
+
+def test_a_fixed_threshold_is_the_overlays_legend(tmp_path: Path) -> None:
+    path = tmp_path / "chain.onnx"
+    onnx.save(chain(3), str(path))
+    result = onnx_bisect.bisect(path, target=FaultyBackend("mm1", 0.05), threshold=0.01)
+    write_explorer(result, tmp_path / "explorer")
+    data = _load(tmp_path / "explorer" / "accumulated.json")
+    validate(data)
+    thresholds = data["g"]["thresholds"]
+    assert thresholds[0] == {"value": 0.01, "bgColor": "#a5d6a7"}
+    assert thresholds[1]["bgColor"] == "#ef9a9a" and math.isfinite(thresholds[1]["value"])
 
 
 def test_unnamed_nodes_and_graph_get_our_names_in_a_copy_of_the_model(tmp_path: Path) -> None:

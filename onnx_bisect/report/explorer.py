@@ -47,6 +47,7 @@ MAIN_GRAPH = "<main>"  # the adapter's id for a graph without a name
 _OK, _BAD = "#a5d6a7", "#ef9a9a"  # green at or under the threshold, red over it
 # JSON has no infinity; the top threshold has to bound every value.
 _TOP = sys.float_info.max
+_ABOVE = {"value": _TOP, "bgColor": _BAD}
 _ITERATION = re.compile(r"^(?P<loop>.+)/iteration_\d+/(?P<node>.+)$")
 
 
@@ -175,17 +176,14 @@ def overlay(
             continue  # another loop iteration of the same body node was worse
         # Each tensor has its own threshold under --threshold auto: its verdict colours it.
         results[place[1]] = {"value": value, "bgColor": _BAD if comparison.diverged else _OK}
-    threshold = result.criterion.threshold
+    crit = result.criterion
+    # A fixed threshold becomes Model Explorer's legend; under --threshold auto or atol/rtol
+    # each tensor has its own, and only the nodes' own colours can say it.
+    scale = {}
+    if crit.noise is None and not crit.allclose:
+        scale = {"thresholds": [{"value": crit.threshold, "bgColor": _OK}, _ABOVE]}
     return {
-        gid: {
-            "name": which.title,
-            "results": results,
-            "thresholds": [
-                {"value": threshold, "bgColor": _OK},
-                {"value": _TOP, "bgColor": _BAD},
-            ],
-        }
-        for gid, results in graphs.items()
+        gid: {"name": which.title, "results": results, **scale} for gid, results in graphs.items()
     }
 
 
