@@ -10,8 +10,9 @@ keys have to be the ids the adapter gives, which are not always the names our re
 - a Loop's or Scan's body is its own graph ``{loop}/body``, where our unrolled iterations
   ``{loop}/iteration_{i}/{node}`` all land on ``{node}`` (the worst iteration is shown);
 - the adapter names unnamed nodes ``node``, ``node_1``… over the whole model, where we use
-  ``{op_type}_{i}``. A model with unnamed nodes (or no graph name) is therefore copied, with
-  our names, to ``explorer/model.onnx``, and the overlays are keyed on that copy.
+  ``{op_type}_{i}``, and calls a graph without a name "". A model with unnamed nodes (or no
+  graph name) is therefore copied, with our names and ``<main>``, to
+  ``explorer/model.onnx``, and the overlays are keyed on that copy.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import onnx
 from onnx_bisect.graph.load import name_nodes
 
 if TYPE_CHECKING:
+    from onnx_bisect.compare.criterion import Comparison
     from onnx_bisect.result import BisectResult, NodeResult
 
 __all__ = [
@@ -43,7 +45,9 @@ __all__ = [
 ]
 
 EXPLORER_DIR = "explorer"
-MAIN_GRAPH = "<main>"  # the adapter's id for a graph without a name
+# The adapter's name for a graph without one; it reads a protobuf's empty name as "" though,
+# so the copy is given this name explicitly.
+MAIN_GRAPH = "<main>"
 _OK, _BAD = "#a5d6a7", "#ef9a9a"  # green at or under the threshold, red over it
 # JSON has no infinity; the top threshold has to bound every value.
 _TOP = sys.float_info.max
@@ -58,7 +62,7 @@ class Overlay:
 
     file: str
     title: str
-    comparison: Callable[[NodeResult], Any]
+    comparison: Callable[[NodeResult], Comparison | None]
 
 
 OVERLAYS = (
