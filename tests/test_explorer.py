@@ -23,6 +23,8 @@ from onnx_bisect.report.explorer import MAIN_GRAPH, read_explorer, write_explore
 from tests.faulty import FaultyBackend
 from tests.models import YOLO, chain, with_if
 from tests.test_control_flow import POSITIVE, nested_if
+from tests.test_loops import X as LOOP_X
+from tests.test_loops import loop_model
 
 FAULT = "/down1/conv/Conv"
 
@@ -165,6 +167,24 @@ def test_inlined_if_branch_nodes_are_keyed_as_model_explorer_draws_them(tmp_path
         fault.accumulated_error
     )
     assert set(results) <= _adapter_ids(path)["g"]
+
+
+def test_unrolled_loop_iterations_land_on_the_body_graphs_node(tmp_path: Path) -> None:
+    path = tmp_path / "loop.onnx"
+    onnx.save(loop_model(), str(path))
+    result = onnx_bisect.bisect(path, target=FaultyBackend("body_add", 0.05), inputs=LOOP_X)
+    assert result.root_cause is not None
+    assert result.root_cause.nodes == ("loop/iteration_0/body_add",)
+    write_explorer(result, tmp_path / "explorer")
+    data = _load(tmp_path / "explorer" / "accumulated.json")
+    assert {"pre", "post"} <= set(data["loop_model"]["results"])
+    body = data["loop/body"]["results"]
+    # The body's node shows its worst iteration.
+    adds = [n for n in result.nodes if n.name.endswith("/body_add")]
+    assert len(adds) == 3
+    assert body["body_add"]["value"] == pytest.approx(max(n.accumulated_error for n in adds))
+    ids = _adapter_ids(path)
+    assert all(set(g["results"]) <= ids[gid] for gid, g in data.items())
 
 
 def test_a_single_if_branch(tmp_path: Path) -> None:
