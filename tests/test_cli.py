@@ -44,6 +44,7 @@ def test_bisect_finds_planted_fault_and_writes_reports(tmp_path: Path) -> None:
         "error_curve.png",
         "inputs.npz",
         "repro",
+        "explorer",
     }
     report = json.loads((out / "report.json").read_text())
     assert report["first_divergence"]["node"] == FAULT

@@ -131,11 +131,13 @@ def test_result_is_typed_data_and_reports_are_functions(tmp_path: Path) -> None:
     frame = onnx_bisect.to_frame(result)
     assert list(frame["node"]) == [n.name for n in result.nodes]
     names = {p.name for p in onnx_bisect.write_reports(result, tmp_path)}
+    overlays = {"accumulated.json", "isolated.json", "view.json"}  # in explorer/
     assert names - {"error_curve.png"} == {
         "report.md",
         "report.json",
         "nodes.csv",
         "report.html",
         "inputs.npz",
+        *overlays,
     }
     assert dataclasses.is_dataclass(result)

@@ -150,8 +150,8 @@ def test_a_one_node_model_reads_in_the_singular() -> None:
     printed = io.StringIO()
     print_summary(result, Console(file=printed, width=UNWRAPPED))
     assert "Top 1 node by accumulated error" in printed.getvalue()
-    assert "**Top 1 node by accumulated error**" in render_markdown(result)
-    assert "\n## Top 1 node\n" in render_issue(result)
+    assert "(the full table, 1 probed node, is in `nodes.csv`)" in render_markdown(result)
+    assert "\n## Nodes around the root cause\n" in render_issue(result)
 
 
 def test_observer_problem_says_differs_for_one_output() -> None:

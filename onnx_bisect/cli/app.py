@@ -15,6 +15,7 @@ from onnx_bisect.cli.commands import (
     reduce_command,
     repro_command,
     run_command,
+    view_command,
 )
 from onnx_bisect.cli.output import EXIT_USAGE, err
 from onnx_bisect.cli.params import VersionOpt
@@ -59,6 +60,7 @@ app.command("reduce", cls=_Command)(reduce_command)
 app.command("repro", cls=_Command)(repro_command)
 app.command("dump", cls=_Command)(dump_command)
 app.command("backends", cls=_Command)(backends_command)
+app.command("view", cls=_Command)(view_command)
 
 
 @app.callback(invoke_without_command=True)

@@ -1,9 +1,12 @@
-"""The commands: ``bisect``/``run``, ``reduce``, ``repro``, ``dump``, ``backends``."""
+"""The commands: ``bisect``/``run``, ``reduce``, ``repro``, ``dump``, ``backends``, ``view``."""
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
+import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -62,12 +65,20 @@ from onnx_bisect.cli.params import (
 from onnx_bisect.cli.progress import configure_logging, live_progress
 from onnx_bisect.inputs.feeds import parse_shape
 from onnx_bisect.options import BisectOptions
+from onnx_bisect.report.explorer import read_explorer
 from onnx_bisect.report.files import REPORT_FILES, check_formats, staged_out
 from onnx_bisect.repro.bundle import BUNDLE_FILES
 from onnx_bisect.repro.verify import run_bundle
 from onnx_bisect.text import plural
 
-__all__ = ["backends_command", "dump_command", "reduce_command", "repro_command", "run_command"]
+__all__ = [
+    "backends_command",
+    "dump_command",
+    "reduce_command",
+    "repro_command",
+    "run_command",
+    "view_command",
+]
 
 
 def run_command(
@@ -367,3 +378,34 @@ def backends_command() -> None:
     console.print(table)
     aliases = ", ".join(f"{k} = {v[0]}:{v[1]}" for k, v in ALIASES.items())
     console.print(f"aliases: {aliases}")
+
+
+def _launch(argv: Sequence[str]) -> int:
+    return subprocess.call(list(argv))
+
+
+# Tests swap this out: starting a server and a browser is Model Explorer's business.
+launcher: Callable[[Sequence[str]], int] = _launch
+
+
+def view_command(
+    out: Annotated[Path, typer.Argument(metavar="OUT", show_default=False)],
+) -> None:
+    """Open Model Explorer on the model with the error overlays of a bisect --out OUT."""
+    files = read_explorer(out)
+    if files is None:
+        return fail(f"{out}: no explorer/view.json; write one with bisect MODEL ... --out {out}")
+    missing = [p for p in (files.model, *files.overlays) if not p.is_file()]
+    if missing:
+        fail(f"{missing[0]}: not found; rerun bisect with --out {out}")
+    argv = files.command()
+    if importlib.util.find_spec("model_explorer") is None:
+        stdout().print(
+            "Model Explorer is not installed; install it and run:\n"
+            "  pip install ai-edge-model-explorer model-explorer-onnx\n"
+            f"  {shlex.join(argv)}",
+            markup=False,
+        )
+        raise typer.Exit(EXIT_MATCH)
+    # The console script of this interpreter's Model Explorer, not whichever is on PATH.
+    raise typer.Exit(launcher([sys.executable, "-m", "model_explorer", *argv[1:]]))

@@ -19,7 +19,7 @@ from onnx_bisect.errors import ModelLoadError
 from onnx_bisect.graph.sizes import PROTO_LIMIT
 from onnx_bisect.graph.view import LoadedModel, NodeInfo, NotProbed
 
-__all__ = ["load_model"]
+__all__ = ["load_model", "name_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def load_model(model: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
     graph = proto.graph
     if not graph.node:
         raise ModelLoadError(f"{path or 'model'}: the graph has no nodes")
-    _name_nodes(graph, notes)
+    name_nodes(graph, notes)
     _toposort(graph, notes)
     inits = frozenset(t.name for t in graph.initializer)
     nodes = tuple(
@@ -121,7 +121,9 @@ def _infer_shapes(proto: onnx.ModelProto, path: Path | None, notes: list[str]) -
         return proto
 
 
-def _name_nodes(graph: onnx.GraphProto, notes: list[str]) -> None:
+def name_nodes(graph: onnx.GraphProto, notes: list[str]) -> None:
+    """Name, in place, each unnamed or duplicate node ``{op_type}_{i}`` (``__k`` where that
+    clashes): the names every report, and Model Explorer's overlays, use."""
     seen: set[str] = set()
     renamed = 0
     for i, node in enumerate(graph.node):

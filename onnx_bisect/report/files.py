@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from onnx_bisect.errors import InputError
 from onnx_bisect.inputs.feeds import save_npz
+from onnx_bisect.report.explorer import EXPLORER_DIR, write_explorer
 from onnx_bisect.report.html import render_html
 from onnx_bisect.report.issue import render_bundle_readme, render_issue
 from onnx_bisect.report.markdown import render_markdown
@@ -51,6 +52,7 @@ REPORT_FILES = (
     "error_curve.png",
     "inputs.npz",
     "repro",
+    EXPLORER_DIR,
 )
 
 
@@ -91,6 +93,7 @@ def write_reports(
     path = out_dir / "inputs.npz"
     save_npz(path, result.inputs)
     written.append(path)
+    written += write_explorer(result, out_dir / EXPLORER_DIR)  # Model Explorer overlays
     return written
 
 

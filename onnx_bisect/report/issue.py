@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from onnx_bisect.report.format import fenced, fmt, plural
-from onnx_bisect.report.markdown import render_markdown, render_table
+from onnx_bisect.report.markdown import around, render_table
+from onnx_bisect.report.mermaid import mermaid_lines
 from onnx_bisect.result import CauseKind
 
 if TYPE_CHECKING:
@@ -13,9 +14,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_ISSUE_CHARS", "render_bundle_readme", "render_issue"]
 
-# GitHub caps an issue body at 65,536 characters; keep room for the reporter's own words.
-MAX_ISSUE_CHARS = 60_000
-TOP_ROWS = 10
+# GitHub caps an issue body at 65,536 characters; an issue that long is not read, though.
+MAX_ISSUE_CHARS = 25_000
 _FAILS = {
     CauseKind.CRASH: "crashes on",
     CauseKind.UNSUPPORTED: "cannot run",
@@ -99,8 +99,9 @@ def render_bundle_readme(result: BisectResult) -> str:
 
 
 def render_issue(result: BisectResult) -> str:
-    """A GitHub-issue body: title, environment, repro steps, expected vs actual, top rows, and
-    the full report folded away; truncated (and marked so) to stay under 60 kB."""
+    """A GitHub-issue body: title, environment, repro steps, expected vs actual, the root
+    cause's neighbourhood as a diagram and a table. The full report is attached, not pasted:
+    a second copy made the body as long as the report."""
     head = [f"# {_headline(result)}", "", "## Environment", ""]
     head += [f"- reference: `{result.ref.spec}` ({result.ref.description})"]
     head += [f"- target: `{result.target.spec}` ({result.target.description})"]
@@ -123,13 +124,21 @@ def render_issue(result: BisectResult) -> str:
         head += [f"Root cause ({rc.kind}): {rc.reason}."]
         if rc.message:
             head += ["", "## What the target said", "", *fenced(rc.message)]
-    top = result.top(TOP_ROWS)
-    if top:
-        head += ["", f"## Top {plural(len(top), 'node')}", ""] + render_table(result, top)
-    body = "\n".join(head)
-    full = render_markdown(result)
-    room = MAX_ISSUE_CHARS - len(body) - 200
-    if len(full) > room:
-        cut = full[: max(room, 0)].rsplit("\n", 1)[0]
-        full = cut + "\n\n*Truncated to fit an issue body; the whole report is report.md.*"
-    return body + "\n\n<details><summary>Full report</summary>\n\n" + full + "\n\n</details>\n"
+    tail = [
+        "",
+        "The full report (`report.md`, with every probed node in `nodes.csv`) is attached; "
+        "it was written by onnx-bisect.",
+        "",
+    ]
+    diagram = mermaid_lines(result)
+    rows = around(result, before=2, after=5)
+    table = ["", "## Nodes around the root cause", "", *render_table(result, rows)] if rows else []
+    for extra in ([*_diagram_section(diagram), *table], table, []):
+        body = "\n".join([*head, *extra, *tail])
+        if len(body) <= MAX_ISSUE_CHARS:
+            return body
+    return body[: MAX_ISSUE_CHARS - 80].rsplit("\n", 1)[0] + "\n\n*Truncated to fit an issue.*\n"
+
+
+def _diagram_section(diagram: list[str]) -> list[str]:
+    return ["", "## Where it starts", "", *diagram] if diagram else []

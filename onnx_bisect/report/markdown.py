@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onnx_bisect.report.format import (
@@ -15,23 +17,30 @@ from onnx_bisect.report.format import (
     plural,
     search_line,
 )
+from onnx_bisect.report.mermaid import focus_node, mermaid_lines
 from onnx_bisect.report.passes import pass_markdown
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
 
-__all__ = ["render_markdown", "render_table"]
+__all__ = ["around", "next_steps", "render_markdown", "render_table"]
 
-# GitHub rejects issue bodies over 65,536 characters; leave room for the user's own words.
-MAX_FULL_TABLE_ROWS = 400
-TOP_K = 10
+# GitHub caps an issue body at 65,536 characters and a report has to be read whole; the full
+# table is nodes.csv and report.json, so report.md shows the rows around the root cause.
+BEFORE, AFTER = 3, 8  # rows shown before and after the root cause (and the first divergence)
+TOP_K = 5  # without a node to centre on, the worst few
 
 
 def render_markdown(result: BisectResult) -> str:
     lines: list[str] = [f"# onnx-bisect: `{result.target.spec}` vs `{result.ref.spec}`", ""]
     lines += _summary(result)
+    diagram = mermaid_lines(result)
+    if diagram:
+        lines += ["", "**Root cause, its neighbours and the amplification chain**", "", *diagram]
+    lines += next_steps(result)
     if result.pass_bisection is not None:
         lines += pass_markdown(result.pass_bisection)
+    lines += _nodes_section(result)
     if result.command:
         lines += ["", "**Command**", "", "```", result.command, "```"]
     lines += ["", "**Environment**", ""]
@@ -78,17 +87,6 @@ def render_markdown(result: BisectResult) -> str:
     if curve:
         lines += ["", "**Error curve** (`!` = segment holds a divergent tensor)", "", "```text"]
         lines += [*curve, "```"]
-    top = result.top(TOP_K)
-    if top:
-        lines += ["", f"**Top {plural(len(top), 'node')} by accumulated error**", ""]
-        lines += render_table(result, top)
-        shown = list(result.nodes[:MAX_FULL_TABLE_ROWS])
-        lines += ["", "<details><summary>All probed nodes</summary>", ""]
-        lines += render_table(result, shown)
-        if len(result.nodes) > len(shown):
-            more = plural(len(result.nodes) - len(shown), "more row")
-            lines += ["", f"*Truncated: {more} in `nodes.csv`.*"]
-        lines += ["", "</details>"]
     if result.repro is not None:
         r = result.repro
         state = "verified" if r.reproduces else "not verified"
@@ -103,6 +101,65 @@ def render_markdown(result: BisectResult) -> str:
     total = result.timings.get("total", 0.0)
     lines += ["", f"<sub>strategy {result.strategy}; runs {runs}; {total:.2f}s</sub>", ""]
     return "\n".join(lines)
+
+
+def around(
+    result: BisectResult, before: int = BEFORE, after: int = AFTER
+) -> list[NodeResult | None]:
+    """The rows around the root cause and the first divergence, in graph order; None marks
+    rows left out between two windows."""
+    focus = [n for n in (focus_node(result), result.first_divergence) if n is not None]
+    if not focus:
+        return []
+    keep = {i for n in focus for i in range(n.index - before, n.index + after + 1)}
+    rows: list[NodeResult | None] = []
+    for n in sorted(result.nodes, key=lambda n: n.index):
+        if n.index in keep:
+            if rows and rows[-1] is not None and rows[-1].index + 1 < n.index:
+                rows.append(None)
+            rows.append(n)
+    return rows
+
+
+def _nodes_section(result: BisectResult) -> list[str]:
+    if not result.nodes:
+        return []
+    rows = around(result)
+    where = f"the full table, {plural(len(result.nodes), 'probed node')}, is in `nodes.csv`"
+    if rows:
+        title = f"**Nodes around the root cause**, in graph order ({where})"
+        return ["", title, "", *render_table(result, rows)]
+    top = result.top(TOP_K)
+    title = f"**Largest accumulated errors** ({where})"
+    return ["", title, "", *render_table(result, top)] if top else []
+
+
+def next_steps(result: BisectResult) -> list[str]:
+    """What to do with the finding: reproduce it, report it, work around it, look at it."""
+    if not result.diverged:
+        return []
+    steps: list[str] = []
+    r = result.repro
+    if r is not None:
+        steps.append(
+            f"Reproduce it: `cd {r.path} && python repro.py` (exit 1 while it reproduces; "
+            f"`--target '{result.ref.spec}'` runs the reference for contrast)."
+        )
+        steps.append(
+            f"Report it: `{Path(r.path) / 'issue.md'}` is the issue body; attach the "
+            "zipped `repro/` folder and this `report.md` as files."
+        )
+    pb = result.pass_bisection
+    if pb is not None and pb.workaround:
+        state = "verified" if pb.workaround_verified else "not verified"
+        steps.append(f"Work around it ({state}): `--target '{pb.workaround}'`.")
+    steps += [f"Work around it: {n}." for n in result.notes if "compare at fp32" in n]
+    out = f"{Path(r.path).parent}" if r is not None else "OUT"
+    steps.append(
+        f"Look at it: `onnx-bisect view {out}` shows the accumulated and isolated errors on "
+        "the graph in Model Explorer."
+    )
+    return ["", "**Next steps**", "", *(f"{i}. {s}" for i, s in enumerate(steps, 1))]
 
 
 def _summary(result: BisectResult) -> list[str]:
@@ -136,7 +193,7 @@ def _summary(result: BisectResult) -> list[str]:
     return out
 
 
-def render_table(result: BisectResult, nodes: list[NodeResult]) -> list[str]:
+def render_table(result: BisectResult, nodes: Sequence[NodeResult | None]) -> list[str]:
     key = result.criterion.key
     rows = [
         f"| # | node | op | verdict | accumulated {key} | isolated {key} | amplification "
@@ -144,6 +201,9 @@ def render_table(result: BisectResult, nodes: list[NodeResult]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for n in nodes:
+        if n is None:
+            rows.append("| … | | | | | | | |")
+            continue
         rows.append(
             f"| {n.index} | `{n.name}` | {n.op_type} | {n.verdict.value} | "
             f"{fmt(n.accumulated_error)} | {fmt(n.isolated_error)} | {fmt_amp(n.amplification)} | "
