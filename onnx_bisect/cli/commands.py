@@ -110,7 +110,7 @@ def run_command(
         Path | None, typer.Option("--out", "-o", metavar="DIR", help="Write reports here.")
     ] = None,
     repro: ReproOpt = True,
-    format: FormatOpt = "md,json,csv,html,png",
+    format: FormatOpt = "md,json,csv,html,png,explorer",
     top: TopOpt = 10,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,

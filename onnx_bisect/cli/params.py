@@ -388,7 +388,7 @@ ReproOpt = Annotated[
 ]
 FormatOpt = Annotated[
     str,
-    typer.Option("--format", "-f", metavar="FORMATS", help="Report formats: md,json,csv,html,png."),
+    typer.Option("--format", "-f", metavar="FORMATS", help="Report formats: md,json,csv,html,png,explorer."),
 ]
 TopOpt = Annotated[
     int,

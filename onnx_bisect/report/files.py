@@ -41,7 +41,8 @@ logger = logging.getLogger(__name__)
 
 # ``png`` is error_curve.png, a format of its own: it needs the optional matplotlib, and one
 # may want the page without the image or the image alone (to paste into a chat).
-FORMATS = ("md", "json", "csv", "html", "png")
+# ``explorer`` is the Model Explorer overlays in explorer/.
+FORMATS = ("md", "json", "csv", "html", "png", "explorer")
 # Everything ``bisect --out DIR`` may write in DIR: a rerun replaces all of it, even what it
 # does not write this time (a clean run leaves no earlier bundle behind).
 REPORT_FILES = (
@@ -93,7 +94,8 @@ def write_reports(
     path = out_dir / "inputs.npz"
     save_npz(path, result.inputs)
     written.append(path)
-    written += write_explorer(result, out_dir / EXPLORER_DIR)  # Model Explorer overlays
+    if "explorer" in formats:
+        written += write_explorer(result, out_dir / EXPLORER_DIR)
     return written
 
 
