@@ -1,11 +1,13 @@
 """Pass bisection of a ``+transform``'s pass list: which of the passes the transform applies
-makes the transformed model diverge. onnxoptimizer 0.4.2's own passes agree on the shipped
-models, so the wrong passes come from a test plugin (``tests/pass_plugin.py``) registered as
-a real ``onnx_bisect.transforms`` entry point, which the transform's child process finds too.
+makes the transformed model diverge. onnxoptimizer's and onnxslim's own BatchNorm fusions
+only move the last bits (named at threshold 0 here); wrong passes come from a test plugin
+(``tests/pass_plugin.py``) registered as a real ``onnx_bisect.transforms`` entry point, which
+the transform's child process finds too.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,6 +61,49 @@ def test_onnxoptimizer_passes_are_the_named_ones_or_the_default_list() -> None:
     assert default.all_off() == "cpu+fp16"  # the other transforms stay
     assert pass_transform(parse_spec("cpu+fp16")) is None
     assert pass_transform(parse_spec("cpu+onnxoptimizer+fp16")) == 0
+
+
+def test_onnxslim_runs_only_the_named_optimizations() -> None:
+    import onnx
+
+    from onnx_bisect.transforms.apply import apply_transforms
+
+    model, shapes = onnx.load(str(CONV_BN)), {"images": [1, 3, 32, 32]}
+    fused, _ = apply_transforms(model, ["onnxslim=FusionConvBN"], "target", shapes)
+    kept, _ = apply_transforms(model, ["onnxslim=constant_folding"], "target", shapes)
+    assert "BatchNormalization" not in {n.op_type for n in fused.graph.node}
+    assert len(kept.graph.node) == len(model.graph.node)
+    control = TransformPasses(parse_spec("cpu+onnxslim"), 0, model, shapes)
+    every = control.passes(model, {})
+    assert {"constant_folding", "FusionConvBN", "weight_tying"} <= set(every)
+    assert "graph_fusion" not in every  # it is its fusion patterns, one by one
+    form = dict(control.workaround(["FusionConvBN"]).forms)["Python"]
+    assert form == "onnxslim.slim(model, skip_fusion_patterns=['FusionConvBN'])"
+
+
+@pytest.mark.parametrize(
+    ("transform", "guilty", "rewritten"),
+    [
+        ("onnxoptimizer", "fuse_bn_into_conv", {"stem/bn", "stage3/bn"}),
+        ("onnxslim", "FusionConvBN", {"stem/conv", "stem/bn", "stage3/bn"}),
+    ],
+)
+def test_a_real_fusion_is_named_among_the_default_passes(
+    transform: str, guilty: str, rewritten: set[str]
+) -> None:
+    # The fused BatchNorm rounds differently: bitwise, the target diverges, and the runtime
+    # without the transform does not (same runtime, same model, optimizations off).
+    result = onnx_bisect.bisect(
+        CONV_BN, ref="cpu?opt=disable", target=f"cpu?opt=disable+{transform}",
+        threshold=0.0, metric="max_abs",
+    )  # fmt: skip
+    pb = result.pass_bisection
+    assert result.diverged and pb is not None and pb.outcome is PassOutcome.GUILTY, pb
+    assert pb.guilty == (guilty,) and len(pb.passes) > 20
+    assert pb.runs <= math.ceil(math.log2(len(pb.passes))) + 2
+    rest = ",".join(p for p in pb.passes if p != guilty)
+    assert pb.workaround == f"cpu?opt=disable+{transform}={rest}" and pb.workaround_verified
+    assert rewritten <= set(pb.rewritten)
 
 
 def test_the_wrong_pass_in_the_list_is_named(wrongopt: None) -> None:

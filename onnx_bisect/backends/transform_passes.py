@@ -8,9 +8,8 @@ plain runtime (the transform left out) as "every optimization off". So, unlike a
 pass control, each spec runs on its own model: ``model`` gives it (cached, a transform is a
 child process).
 
-onnxsim and onnxslim have no pass list to bisect here: onnxslim's ``skip_optimizations`` and
-``skip_fusion_patterns`` could be one, but ``+onnxslim`` takes no argument yet, and onnxsim
-runs fixed steps.
+``+onnxslim`` has a pass list too (its optimizations and fusion patterns, which it takes as
+lists to skip); onnxsim has none: its simplify() runs fixed steps.
 """
 
 from __future__ import annotations

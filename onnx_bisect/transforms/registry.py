@@ -163,8 +163,47 @@ def _onnxslim(model: onnx.ModelProto, arg: str | None, shapes: dict[str, Sequenc
     import onnxslim
 
     fixed = [f"{k}:{','.join(str(d) for d in v)}" for k, v in shapes.items()]
-    slimmed = onnxslim.slim(model, input_shapes=fixed or None)
-    return slimmed, ()
+    passes = split_passes(arg)
+    known = _onnxslim_passes(None)
+    unknown = [p for p in passes if p not in known]
+    if unknown:
+        raise SpecError(
+            f"transform +onnxslim: unknown pass(es) {', '.join(unknown)}; known: {', '.join(known)}"
+        )
+    skip = _onnxslim_skips(passes) if passes else {}
+    slimmed = onnxslim.slim(model, input_shapes=fixed or None, **skip)
+    return slimmed, (f"passes: {', '.join(passes)}",) if passes else ()
+
+
+def _onnxslim_passes(arg: str | None) -> tuple[str, ...]:
+    """onnxslim's optimizations, with ``graph_fusion`` as its fusion patterns, one by one:
+    it takes them as lists of what to skip (``skip_optimizations``, ``skip_fusion_patterns``)."""
+    named = split_passes(arg)
+    if named:
+        return tuple(named)
+    from onnxslim.core.optimization import OptimizationSettings
+    from onnxslim.core.pattern.registry import DEFAULT_FUSION_PATTERNS
+
+    keys = OptimizationSettings.keys()  # a classmethod, not a dict
+    steps = [k for k in keys if k != "graph_fusion"]
+    return (*steps[:1], *DEFAULT_FUSION_PATTERNS, *steps[1:])
+
+
+def _onnxslim_skips(passes: Sequence[str]) -> dict[str, list[str]]:
+    """The ``slim()`` keywords that run only ``passes``."""
+    from onnxslim.core.pattern.registry import DEFAULT_FUSION_PATTERNS
+
+    off = [p for p in _onnxslim_passes(None) if p not in passes]
+    patterns = [p for p in off if p in DEFAULT_FUSION_PATTERNS]
+    steps = [p for p in off if p not in DEFAULT_FUSION_PATTERNS]
+    if len(patterns) == len(DEFAULT_FUSION_PATTERNS):
+        steps.append("graph_fusion")
+    return {"skip_optimizations": steps, "skip_fusion_patterns": patterns}
+
+
+def _onnxslim_call(passes: Sequence[str]) -> str:
+    skips = ", ".join(f"{k}={v!r}" for k, v in _onnxslim_skips(passes).items() if v)
+    return f"onnxslim.slim(model{', ' if skips else ''}{skips})"
 
 
 @dataclass(frozen=True)
@@ -202,7 +241,15 @@ TRANSFORMS: Mapping[str, TransformKind] = {
         python=_onnxoptimizer_call,
     ),  # fmt: skip
     "onnxsim": TransformKind("onnxsim", _onnxsim, summary="onnx-simplifier"),
-    "onnxslim": TransformKind("onnxslim", _onnxslim, summary="onnxslim"),
+    "onnxslim": TransformKind(
+        "onnxslim",
+        _onnxslim,
+        "PASS,PASS",
+        False,
+        "onnxslim, only the named optimizations",
+        passes=_onnxslim_passes,
+        python=_onnxslim_call,
+    ),  # fmt: skip
 }
 
 
