@@ -45,11 +45,15 @@ class TransformPasses:
         index: int,
         source: onnx.ModelProto,
         shapes: Mapping[str, Sequence[int]],
+        done: onnx.ModelProto | None = None,
     ) -> None:
+        """``done``: ``source`` after all of ``spec``'s transforms, where already made."""
         self.spec, self.index, self.source, self.shapes = spec, index, source, dict(shapes)
         self.transform = parse_transform(spec.transforms[index])
         self.kind = transform_kinds()[self.transform.name]
         self._models: dict[tuple[str, ...], onnx.ModelProto] = {}
+        if done is not None:
+            self._models[spec.transforms] = done
 
     def _with(self, enabled: Sequence[str] | None) -> str:
         """The spec with this transform applying ``enabled`` (None: left out)."""

@@ -70,23 +70,24 @@ class _TorchCompile:
 _Found = tuple[PassControl, Callable[[str], onnx.ModelProto]] | _TorchCompile
 
 
-def _target_spec(session: Session) -> BackendSpec | None:
-    """The target's spec as written, None for a backend object whose spec text is its own."""
+def _spec_of(text: str) -> BackendSpec | None:
+    """A side's spec as written, None for a backend object whose spec text is its own."""
     try:
-        return parse_spec(session.setup.target_info.spec)
+        return parse_spec(text)
     except SpecError:
         return None
 
 
 def _transform_control(session: Session) -> _Found | None:
-    spec = _target_spec(session)
-    index = pass_transform(spec) if spec is not None and session.setup.target_from_spec else None
+    setup = session.setup
+    spec = _spec_of(setup.target_info.spec)
+    index = pass_transform(spec) if spec is not None and setup.target_from_spec else None
     if spec is None or index is None:
         return None
-    options, ref = session.options, parse_spec(session.setup.ref_info.spec)
+    options, ref = session.options, _spec_of(setup.ref_info.spec)
     if options.target_model is not None:
         source = load_model(options.target_model).model
-    elif not ref.transforms:
+    elif ref is None or not ref.transforms:
         source = session.loaded.model
     else:  # the model before the reference's transforms is not kept
         session.notes.append(
@@ -95,12 +96,13 @@ def _transform_control(session: Session) -> _Found | None:
         )
         return None
     shapes = {k: v.shape for k, v in session.feeds.items()}
-    control = TransformPasses(spec, index, source, shapes)
+    done = setup.target_model.model if setup.target_model else None
+    control = TransformPasses(spec, index, source, shapes, done)
     return control, control.model
 
 
 def _runtime_control(session: Session) -> _Found | None:
-    spec = _target_spec(session)
+    spec = _spec_of(session.setup.target_info.spec)
     if spec is not None and spec.name == "torch" and spec.option("compile"):
         return _TorchCompile()
     control = supports_passes(session.target, tuple(session.options.passes))
@@ -128,10 +130,7 @@ def _bisect(
                 parse_spec(target).without_transforms(), timeout=session.options.timeout
             )
             out = timed_run(backend, model, session.feeds, "passes", session.stats)
-        except (
-            BackendError,
-            ModelLoadError,
-        ) as exc:  # the symptom changed; count it as still wrong
+        except (BackendError, ModelLoadError) as exc:  # the symptom changed: still wrong
             log.info("pass bisection: %s failed: %s", target, exc)
             return True
         return any(
@@ -143,8 +142,7 @@ def _bisect(
     if diverges(off):
         return PassBisection(
             PassOutcome.NOT_OPTIMIZER, spec, runs=runs,
-            reason=f"{off} diverges too: with every optimization off the target is still wrong, "
-            "so a kernel, not an optimizer pass, is to blame",
+            reason=f"{off} diverges too: {_blame_without_passes(control)}",
         )  # fmt: skip
     try:
         passes = tuple(control.passes(model_of(spec), session.feeds))
@@ -174,4 +172,16 @@ def _bisect(
         rewritten,
         reason=f"{off} agrees with the reference; of the {len(passes)} passes tried, {names} "
         f"alone {'make' if len(search.guilty) > 1 else 'makes'} the target diverge",
+    )
+
+
+def _blame_without_passes(control: PassControl) -> str:
+    if isinstance(control, TransformPasses):
+        return (
+            f"without +{control.transform.name} the target is still wrong, so the runtime, "
+            "not the transform's passes, is to blame"
+        )
+    return (
+        "with every optimization off the target is still wrong, so a kernel, not an "
+        "optimizer pass, is to blame"
     )
