@@ -270,6 +270,9 @@ class PassBisection:
     workaround_verified: bool = False  # the workaround spec agrees (one more run)
     rewritten: tuple[str, ...] = ()  # the model's nodes the guilty passes replace
     reason: str = ""
+    # What torch's compiler bisector adds: (what, text) for backend, subsystem, config,
+    # application and debug info; () for other targets.
+    details: tuple[tuple[str, str], ...] = ()
 
     def summary(self) -> str:
         """One paragraph: which passes, in how many runs, and the workaround's spec."""
@@ -288,6 +291,8 @@ class PassBisection:
             shown = self.rewritten[:_MAX_REWRITTEN]
             more = len(self.rewritten) - len(shown)
             text += f". It rewrote {', '.join(shown)}" + (f" and {more} more" if more else "")
+        if self.details:
+            text += ". " + "; ".join(f"{what}: {value}" for what, value in self.details)
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -306,6 +311,7 @@ class PassBisection:
             else None,
             "rewritten": list(self.rewritten),
             "reason": self.reason,
+            "details": dict(self.details),
         }
 
 

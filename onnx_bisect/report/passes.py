@@ -22,6 +22,9 @@ def pass_markdown(pb: PassBisection) -> list[str]:
     )
     if pb.rewritten:
         out.append(f"It rewrote {_listed(pb.rewritten, code=True)}.")
+    if pb.details:  # torch's compiler bisector: backend, subsystem, application, debug info
+        out += ["", "| torch.compile | found |", "|---|---|"]
+        out += [f"| {what} | `{value}` |" for what, value in pb.details]
     state = _VERIFIED if pb.workaround_verified else "not verified"
     out += ["", f"Workaround ({state}):", "", "| where | how |", "|---|---|"]
     out.append(f"| onnx-bisect | `--target '{pb.workaround}'` |")

@@ -27,16 +27,14 @@ from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.process import python_child_env
 from onnx_bisect.transforms.registry import (
     EXIT_SPEC,
-    TRANSFORMS,
     Notes,
     Transform,
     TransformRecord,
     parse_transform,
+    transform_kinds,
 )
 
 __all__ = ["apply_transforms"]
-
-log = logging.getLogger(__name__)
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +54,7 @@ def apply_transforms(
     current = model
     for t in transforms:
         parsed = parse_transform(t) if isinstance(t, str) else t
-        tool = _tool(parsed, TRANSFORMS[parsed.name].package)
+        tool = _tool(parsed, transform_kinds()[parsed.name].package)
         before = len(current.graph.node)
         current, notes = _in_child(current, parsed, tool, dict(shapes or {}))
         record = TransformRecord(role, parsed.text, tool, before, len(current.graph.node), notes)

@@ -12,7 +12,7 @@ import onnx
 
 from onnx_bisect.errors import SpecError
 from onnx_bisect.graph.save import save_model
-from onnx_bisect.transforms.registry import EXIT_FAILED, EXIT_SPEC, TRANSFORMS, parse_transform
+from onnx_bisect.transforms.registry import EXIT_FAILED, EXIT_SPEC, parse_transform, transform_kinds
 
 __all__ = ["main"]
 
@@ -23,7 +23,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         parsed = parse_transform(text)
         model = onnx.load(src)
-        result, notes = TRANSFORMS[parsed.name].apply(model, parsed.arg, json.loads(shapes))
+        result, notes = transform_kinds()[parsed.name].apply(model, parsed.arg, json.loads(shapes))
         save_model(result, Path(out))
         (Path(out) / "notes.json").write_text(json.dumps(list(notes)))
     except SpecError as exc:

@@ -6,13 +6,21 @@ graphs, matched by tensor name (see ``matching``); names a transform reuses for 
 are found there and left out.
 
 Each transform is a thin call into the library that owns it; the only code of our own is the
-repair of what onnxconverter-common gets wrong (see ``_repair_fp16_casts``).
+repair of what onnxconverter-common gets wrong (see ``_repair_fp16_casts``). More kinds come
+from the ``onnx_bisect.transforms`` entry-point group (``name = "module:KIND"``, a
+``TransformKind``), read in every process, so a transform's child process finds them too.
+
+A kind whose argument is a list of passes says so (``passes``): pass bisection then applies
+subsets of that list (``transforms/passes.py``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
+from importlib.metadata import entry_points
 from typing import Any
 
 import onnx
@@ -26,9 +34,14 @@ __all__ = [
     "Notes",
     "TRANSFORMS",
     "Transform",
+    "TransformKind",
     "TransformRecord",
     "parse_transform",
+    "split_passes",
+    "transform_kinds",
 ]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -72,9 +85,10 @@ class TransformRecord:
 def parse_transform(text: str) -> Transform:
     name, sep, arg = text.strip().partition("=")
     name = name.strip().lower()
-    if name not in TRANSFORMS:
-        raise SpecError(f"unknown transform +{text}; known: +{', +'.join(TRANSFORMS)}")
-    kind = TRANSFORMS[name]
+    kinds = transform_kinds()
+    if name not in kinds:
+        raise SpecError(f"unknown transform +{text}; known: +{', +'.join(kinds)}")
+    kind = kinds[name]
     if kind.arg_required and not arg.strip():
         raise SpecError(f"transform +{name} needs an argument: +{name}={kind.arg}")
     if sep and not kind.arg:
@@ -91,6 +105,8 @@ Notes = tuple[str, ...]
 _Fn = Callable[
     [onnx.ModelProto, str | None, dict[str, Sequence[int]]], tuple[onnx.ModelProto, Notes]
 ]
+# The passes an argument names, in the order they are applied (the default list for none).
+_Passes = Callable[[str | None], tuple[str, ...]]
 
 
 def _opset(model: onnx.ModelProto, arg: str | None, shapes: dict[str, Sequence[int]]) -> Any:
@@ -111,7 +127,7 @@ def _onnxoptimizer(
     import onnxoptimizer
 
     available = set(onnxoptimizer.get_available_passes())
-    passes = [p.strip() for p in (arg or "").split(",") if p.strip()]
+    passes = split_passes(arg)
     unknown = [p for p in passes if p not in available]
     if unknown:
         raise SpecError(
@@ -121,6 +137,17 @@ def _onnxoptimizer(
     chosen = passes or list(onnxoptimizer.get_fuse_and_elimination_passes())
     optimized = onnxoptimizer.optimize(model, chosen)
     return optimized, (f"passes: {', '.join(chosen) if passes else 'fuse and elimination'}",)
+
+
+def split_passes(arg: str | None) -> list[str]:
+    """``PASS,PASS`` as a list."""
+    return [p.strip() for p in (arg or "").split(",") if p.strip()]
+
+
+def _onnxoptimizer_passes(arg: str | None) -> tuple[str, ...]:
+    import onnxoptimizer
+
+    return tuple(split_passes(arg) or onnxoptimizer.get_fuse_and_elimination_passes())
 
 
 def _onnxsim(model: onnx.ModelProto, arg: str | None, shapes: dict[str, Sequence[int]]) -> Any:
@@ -136,25 +163,112 @@ def _onnxslim(model: onnx.ModelProto, arg: str | None, shapes: dict[str, Sequenc
     import onnxslim
 
     fixed = [f"{k}:{','.join(str(d) for d in v)}" for k, v in shapes.items()]
-    slimmed = onnxslim.slim(model, input_shapes=fixed or None)
-    return slimmed, ()
+    passes = split_passes(arg)
+    known = _onnxslim_passes(None)
+    unknown = [p for p in passes if p not in known]
+    if unknown:
+        raise SpecError(
+            f"transform +onnxslim: unknown pass(es) {', '.join(unknown)}; known: {', '.join(known)}"
+        )
+    skip = _onnxslim_skips(passes) if passes else {}
+    slimmed = onnxslim.slim(model, input_shapes=fixed or None, **skip)
+    return slimmed, (f"passes: {', '.join(passes)}",) if passes else ()
+
+
+def _onnxslim_passes(arg: str | None) -> tuple[str, ...]:
+    """onnxslim's optimizations, with ``graph_fusion`` as its fusion patterns, one by one:
+    it takes them as lists of what to skip (``skip_optimizations``, ``skip_fusion_patterns``)."""
+    named = split_passes(arg)
+    if named:
+        return tuple(named)
+    from onnxslim.core.optimization import OptimizationSettings
+    from onnxslim.core.pattern.registry import DEFAULT_FUSION_PATTERNS
+
+    keys = OptimizationSettings.keys()  # a classmethod, not a dict
+    steps = [k for k in keys if k != "graph_fusion"]
+    return (*steps[:1], *DEFAULT_FUSION_PATTERNS, *steps[1:])
+
+
+def _onnxslim_skips(passes: Sequence[str]) -> dict[str, list[str]]:
+    """The ``slim()`` keywords that run only ``passes``."""
+    from onnxslim.core.pattern.registry import DEFAULT_FUSION_PATTERNS
+
+    off = [p for p in _onnxslim_passes(None) if p not in passes]
+    patterns = [p for p in off if p in DEFAULT_FUSION_PATTERNS]
+    steps = [p for p in off if p not in DEFAULT_FUSION_PATTERNS]
+    if len(patterns) == len(DEFAULT_FUSION_PATTERNS):
+        steps.append("graph_fusion")
+    return {"skip_optimizations": steps, "skip_fusion_patterns": patterns}
+
+
+def _onnxslim_call(passes: Sequence[str]) -> str:
+    skips = ", ".join(f"{k}={v!r}" for k, v in _onnxslim_skips(passes).items() if v)
+    return f"onnxslim.slim(model{', ' if skips else ''}{skips})"
 
 
 @dataclass(frozen=True)
-class _Kind:
+class TransformKind:
+    """One ``+NAME``: what a plugin's entry point names, too."""
+
     package: str  # the distribution that does the work, recorded with its version
     apply: _Fn
     arg: str = ""  # the argument's form, for messages; "" takes none
     arg_required: bool = False
     summary: str = ""
+    # For an argument that lists passes (``PASS,PASS``): the list it applies, so that pass
+    # bisection can apply subsets of it; None for a transform that is one step.
+    passes: _Passes | None = None
+    # ``PASS,PASS`` as the owning library's own call, for a workaround's "Python" form.
+    python: Callable[[Sequence[str]], str] | None = None
 
 
-TRANSFORMS: Mapping[str, _Kind] = {
-    "fp16": _Kind("onnxconverter-common", fp16, summary="float16, float32 inputs and outputs"),
-    "opset": _Kind("onnx", _opset, "N", True, "onnx.version_converter to opset N"),
-    "onnxoptimizer": _Kind(
-        "onnxoptimizer", _onnxoptimizer, "PASS,PASS", False, "onnxoptimizer passes"
+def _onnxoptimizer_call(passes: Sequence[str]) -> str:
+    return f"onnxoptimizer.optimize(model, {list(passes)!r})"
+
+
+TRANSFORMS: Mapping[str, TransformKind] = {
+    "fp16": TransformKind(
+        "onnxconverter-common", fp16, summary="float16, float32 inputs and outputs"
     ),
-    "onnxsim": _Kind("onnxsim", _onnxsim, summary="onnx-simplifier"),
-    "onnxslim": _Kind("onnxslim", _onnxslim, summary="onnxslim"),
+    "opset": TransformKind("onnx", _opset, "N", True, "onnx.version_converter to opset N"),
+    "onnxoptimizer": TransformKind(
+        "onnxoptimizer",
+        _onnxoptimizer,
+        "PASS,PASS",
+        False,
+        "onnxoptimizer passes",
+        passes=_onnxoptimizer_passes,
+        python=_onnxoptimizer_call,
+    ),  # fmt: skip
+    "onnxsim": TransformKind("onnxsim", _onnxsim, summary="onnx-simplifier"),
+    "onnxslim": TransformKind(
+        "onnxslim",
+        _onnxslim,
+        "PASS,PASS",
+        False,
+        "onnxslim, only the named optimizations",
+        passes=_onnxslim_passes,
+        python=_onnxslim_call,
+    ),  # fmt: skip
 }
+
+
+@cache
+def transform_kinds() -> Mapping[str, TransformKind]:
+    """The built-in kinds plus those of the ``onnx_bisect.transforms`` entry-point group."""
+    found = dict(TRANSFORMS)
+    for ep in entry_points(group="onnx_bisect.transforms"):
+        name = ep.name.lower()
+        if name in found:
+            log.warning("transform plugin %s ignored: +%s is taken", ep.value, name)
+            continue
+        try:
+            kind = ep.load()
+        except Exception as exc:  # a broken plugin must not break the built-in transforms
+            log.warning("transform plugin %s ignored: %s", ep.value, exc)
+            continue
+        if isinstance(kind, TransformKind):
+            found[name] = kind
+        else:
+            log.warning("transform plugin %s ignored: not a TransformKind", ep.value)
+    return found

@@ -43,6 +43,13 @@ class TorchBackend(BackendBase):
         return f"torch {torch.__version__}; devices here: {', '.join(present_devices())}"
 
     def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        return self.run_compiled(model, feeds, self.options.compile)
+
+    def run_compiled(
+        self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]], compiler: str | None
+    ) -> Tensors:
+        """The model's outputs with ``torch.compile(backend=compiler)`` (None: eagerly), any
+        backend torch knows: torch's own bisector names more than ``compile=`` takes."""
         import torch
 
         from onnx_bisect.backends.torch.context import to_numpy
@@ -58,11 +65,11 @@ class TorchBackend(BackendBase):
         program = Program(model.graph, opsets, device, policy, self._weights)
         inputs = program.feed(feeds)
         with numerics(tf32=o.tf32, deterministic=o.deterministic):
-            if o.compile:
+            if compiler:
                 from onnx_bisect.backends.torch.compiled import compiled_run
 
                 with torch.no_grad():  # tracing needs autograd's dispatch, not inference mode
-                    out = compiled_run(program, inputs, o.compile)
+                    out = compiled_run(program, inputs, compiler)
             else:
                 with torch.inference_mode():
                     out = program.run(inputs)
