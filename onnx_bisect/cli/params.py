@@ -388,7 +388,9 @@ ReproOpt = Annotated[
 ]
 FormatOpt = Annotated[
     str,
-    typer.Option("--format", "-f", metavar="FORMATS", help="Report formats: md,json,csv,html,png,explorer."),
+    typer.Option(
+        "--format", "-f", metavar="FORMATS", help="Report formats: md,json,csv,html,png,explorer."
+    ),
 ]
 TopOpt = Annotated[
     int,
