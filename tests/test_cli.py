@@ -234,7 +234,7 @@ def test_unknown_format_is_a_usage_error_before_any_run(tmp_path: Path) -> None:
     res = runner.invoke(bisect_app, [str(YOLO), "-t", "ref", "-f", "md,pdf", "-o", str(tmp_path)])
     assert res.exit_code == 2
     assert res.stderr.strip() == (
-        "error: unknown report format(s) pdf; choose from md, json, csv, html, png"
+        "error: unknown report format(s) pdf; choose from md, json, csv, html, png, explorer"
     )
     assert not list(tmp_path.iterdir())
 
