@@ -16,7 +16,7 @@ all iterations.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +108,39 @@ def unroll_loops(
     """A copy of ``model`` with each Loop in ``iterations`` (name -> count) unrolled that many
     times. A Loop with scan outputs and no iteration is left whole: its empty outputs' shapes
     are not known. The caller's model is left alone."""
+
+    def unroll(node: onnx.NodeProto, body: onnx.GraphProto, names: _Names, old: bool) -> _Done:
+        count = iterations.get(node.name)
+        scans = len(node.output) - (len(node.input) - 2)
+        if count is None or (count == 0 and scans > 0):
+            return None
+        return count, _LoopUnroller(node, body, names, old).unroll(count)
+
+    return _unrolled(model, "Loop", unroll)
+
+
+def unroll_scans(
+    model: onnx.ModelProto, plans: Mapping[str, ScanPlan]
+) -> tuple[onnx.ModelProto, list[UnrolledLoop]]:
+    """A copy of ``model`` with each Scan in ``plans`` unrolled as its plan says; a Scan of
+    no iteration is left whole."""
+
+    def unroll(node: onnx.NodeProto, body: onnx.GraphProto, names: _Names, old: bool) -> _Done:
+        plan = plans.get(node.name)
+        if plan is None or plan.iterations == 0:
+            return None
+        return plan.iterations, _ScanUnroller(node, body, names, old).unroll(plan)
+
+    return _unrolled(model, "Scan", unroll)
+
+
+def _unrolled(
+    model: onnx.ModelProto,
+    op: str,
+    unroll: Callable[[onnx.NodeProto, onnx.GraphProto, _Names, bool], _Done],
+) -> tuple[onnx.ModelProto, list[UnrolledLoop]]:
+    """A copy of ``model`` with each ``op`` node that ``unroll`` unrolls replaced by the copies
+    of its body it returns (with the iteration count); the others are kept."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
@@ -116,43 +149,16 @@ def unroll_loops(
     done: list[UnrolledLoop] = []
     new_nodes: list[onnx.NodeProto] = []
     for node in graph.node:
-        count = iterations.get(node.name) if node.op_type == "Loop" and node.domain == "" else None
         body = next((a.g for a in node.attribute if a.name == "body"), None)
-        scans = len(node.output) - (len(node.input) - 2)
-        if count is None or body is None or (count == 0 and scans > 0):
+        mine = node.op_type == op and node.domain == ""
+        result = unroll(node, body, names, old_unsqueeze) if mine and body is not None else None
+        if result is None:
             new_nodes.append(node)
             continue
-        unrolled = _LoopUnroller(node, body, names, old_unsqueeze).unroll(count)
+        count, unrolled = result
         new_nodes += unrolled.nodes
         graph.initializer.extend(unrolled.initializers)
         done.append(UnrolledLoop(node.name, count, len(unrolled.nodes), unrolled.conditions))
-    del graph.node[:]
-    graph.node.extend(new_nodes)
-    return out, done
-
-
-def unroll_scans(
-    model: onnx.ModelProto, plans: Mapping[str, ScanPlan]
-) -> tuple[onnx.ModelProto, list[UnrolledLoop]]:
-    """A copy of ``model`` with each Scan in ``plans`` unrolled as its plan says; a Scan of
-    no iteration is left whole."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    graph = out.graph
-    names = _Names({n.name for n in graph.node}, tensor_names(graph))
-    old_unsqueeze = loop_opset(model) < 13
-    done: list[UnrolledLoop] = []
-    new_nodes: list[onnx.NodeProto] = []
-    for node in graph.node:
-        plan = plans.get(node.name) if node.op_type == "Scan" and node.domain == "" else None
-        body = next((a.g for a in node.attribute if a.name == "body"), None)
-        if plan is None or body is None or plan.iterations == 0:
-            new_nodes.append(node)
-            continue
-        unrolled = _ScanUnroller(node, body, names, old_unsqueeze).unroll(plan)
-        new_nodes += unrolled.nodes
-        graph.initializer.extend(unrolled.initializers)
-        done.append(UnrolledLoop(node.name, plan.iterations, len(unrolled.nodes), ()))
     del graph.node[:]
     graph.node.extend(new_nodes)
     return out, done
@@ -179,6 +185,10 @@ class _Unrolled:
     nodes: list[onnx.NodeProto]
     initializers: list[onnx.TensorProto]
     conditions: tuple[str, ...]
+
+
+# An unrolled node's iteration count and body copies, or None to keep the node whole.
+_Done = tuple[int, _Unrolled] | None
 
 
 class _Unroller:
