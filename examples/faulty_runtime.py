@@ -2,7 +2,8 @@
 """A SIMULATED faulty runtime for the exec: protocol: ONNX Runtime with a planted kernel bug.
 
     python examples/faulty_runtime.py MODEL INPUTS OUTPUTS [--fault NODE=0.05] [--reject OP]
-        [--pattern-fault NODE=F] [--hidden-fault NODE=F] [--abort-on NODE] [--sleep S]
+        [--pattern-fault NODE=F] [--hidden-fault NODE=F] [--input-fault NODE=F:T]
+        [--abort-on NODE] [--sleep S]
 
 It runs MODEL on INPUTS (.npz keyed by input name) with ONNX Runtime and writes OUTPUTS (.npz
 keyed by output name), exactly as the exec: protocol asks (docs/exec-protocol.md). With
@@ -23,6 +24,9 @@ check are simulated too:
   PASS2) is on: a fusion pass bug. ``--disable A,B`` turns passes off, as a runtime flag
   would; with ``--disable {disable}`` in the exec: command and ``--passes`` naming the
   passes, onnx-bisect finds which pass breaks it.
+- ``--input-fault NODE=F:T``: NODE is wrong only when its first input holds a value above T
+  in magnitude (max |x| > T): an input-dependent bug, like an fp16 kernel that overflows on
+  bright images only, so a dataset shows it on some inputs and not others.
 
 For tests that must catch it mid-run (Ctrl-C): ``--sleep SECONDS`` makes every run that slow,
 and ``--mark FILE`` appends a line per run to FILE as it starts (``<pid> <nodes> <model path>``),
@@ -83,6 +87,48 @@ def _plant(graph: onnx.GraphProto, node_name: str, factor: float) -> None:
     graph.node.extend(copies)
 
 
+def plant_input_fault(
+    model: onnx.ModelProto, node_name: str, factor: float, trigger: float
+) -> onnx.ModelProto:
+    """A copy of ``model`` whose top-level node ``node_name`` outputs (1 + factor) × the right
+    value when max |its first input| > ``trigger``, and the right value otherwise. The test is
+    computed in the graph, so the fault follows the data wherever the node runs (the whole
+    model, a node isolated on fed values, a repro bundle)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes: list[onnx.NodeProto] = []
+    for original in out.graph.node:
+        node = onnx.NodeProto()
+        node.CopyFrom(original)  # the originals go when the graph's list is replaced
+        nodes.append(node)
+        if not _is(node.name, node_name) or not node.input:
+            continue
+        p = f"{node.name}__input_fault"
+        nodes += [
+            helper.make_node("Abs", [node.input[0]], [f"{p}_abs"]),
+            helper.make_node("ReduceMax", [f"{p}_abs"], [f"{p}_max"], keepdims=0),
+            _constant(f"{p}_t", trigger),
+            helper.make_node("Greater", [f"{p}_max", f"{p}_t"], [f"{p}_on"]),
+            helper.make_node("Cast", [f"{p}_on"], [f"{p}_onf"], to=onnx.TensorProto.FLOAT),
+            _constant(f"{p}_f", factor),
+            _constant(f"{p}_one", 1.0),
+            helper.make_node("Mul", [f"{p}_onf", f"{p}_f"], [f"{p}_df"]),
+            helper.make_node("Add", [f"{p}_one", f"{p}_df"], [f"{p}_scale"]),
+        ]
+        for i, name in enumerate(node.output):
+            if name:
+                node.output[i] = raw = f"{name}__unfaulted"
+                nodes.append(helper.make_node("Mul", [raw, f"{p}_scale"], [name]))
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
+def _constant(name: str, value: float) -> onnx.NodeProto:
+    tensor = helper.make_tensor("v", onnx.TensorProto.FLOAT, [], [value])
+    return helper.make_node("Constant", [], [name], value=tensor)
+
+
 def _is(name: str, wanted: str) -> bool:
     head, sep, tail = name.rpartition("/iteration_")
     return name == wanted or bool(head and sep and tail.partition("/")[2] == wanted)
@@ -126,6 +172,9 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--pass-fault", action="append", default=[], help="PASS[+PASS2]:NODE=F, pass on only"
     )
+    p.add_argument(
+        "--input-fault", action="append", default=[], help="NODE=F:T, when max |input| > T"
+    )
     p.add_argument("--disable", default="", help="comma-separated passes to turn off")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds every run takes longer")
     p.add_argument("--mark", help="append '<pid> <nodes> <model>' to this file per run")
@@ -164,6 +213,10 @@ def main(argv: list[str]) -> int:
         name, _, frac = rest.rpartition("=")
         if name in present and not disabled & set(passes.split("+")):
             model = plant_fault(model, name, float(frac))
+    for fault in args.input_fault:
+        name, _, spec = fault.rpartition("=")
+        frac, _, trigger = spec.partition(":")
+        model = plant_input_fault(model, name, float(frac), float(trigger))
     for fault in args.hidden_fault:
         name, _, frac = fault.rpartition("=")
         if name in present and not output_observed(model, name):
