@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from onnx_bisect.engine.control_flow import with_control_flow_inlined
+from onnx_bisect.engine.dataset import dataset_job, measure_input, screen_input
+from onnx_bisect.engine.dataset_stats import MeasuredInput, rank, summarize
 from onnx_bisect.engine.diagnose import (
     BackendLike,
     diagnose,
@@ -16,11 +20,12 @@ from onnx_bisect.engine.diagnose import (
 )
 from onnx_bisect.engine.found import Found
 from onnx_bisect.engine.observe import scan
+from onnx_bisect.engine.parallel import run_tasks
 from onnx_bisect.engine.passes import bisect_passes
 from onnx_bisect.engine.progress import NoProgress, Progress
 from onnx_bisect.engine.session import Session, StageTimer, scratch_dir
 from onnx_bisect.errors import InputError
-from onnx_bisect.options import BisectOptions, ModelLike
+from onnx_bisect.options import DEFAULT_SAMPLE, BisectOptions, ModelLike
 from onnx_bisect.report.files import write_bundle_docs
 from onnx_bisect.repro.bundle import BundleJob, write_repro
 from onnx_bisect.result import BisectResult, CauseKind, ReproInfo
@@ -70,6 +75,13 @@ def bisect(
     - ``unroll_max``: a Loop running at most this many iterations for these inputs is
       unrolled, so its body's nodes are probed and can be named (default 64).
     - ``max_memory``: bytes of probe outputs one run may hold; ``command``: for the report.
+    - ``dataset``: many inputs instead of one: a directory of .npz files or test_data_set_*
+      folders, a glob, or one .npz whose arrays are split along their leading axis. Every
+      input is screened and ranked by its outputs' error, the worst ``sample`` (default 8)
+      are scanned and isolated, and the worst is diagnosed in full; ``result.dataset`` holds
+      the ranking, per-node statistics over the sample and the culprit's confirmation.
+      ``jobs`` runs the per-input work in that many local processes, ``ray`` as Ray tasks
+      (a cluster address, or ``"local"``).
 
     ``progress`` hears each phase start and end and each backend run as it happens (the CLI
     shows it on a terminal); every phase is logged at INFO with its time and runs either way.
@@ -79,6 +91,15 @@ def bisect(
     """
     opts = _options(options, overrides)  # bad values fail here, before any work
     timer = StageTimer(progress=progress or NoProgress())
+    if opts.dataset is not None:
+        return _bisect_dataset(model, ref, target, opts, timer)
+    return _bisect_one(model, ref, target, opts, timer)
+
+
+def _bisect_one(
+    model: ModelLike, ref: BackendLike, target: BackendLike, opts: BisectOptions, timer: StageTimer
+) -> BisectResult:
+    """One input: prepare, open a session, diagnose, bisect passes, cut a bundle."""
     setup, feeds = prepare(model, ref, target, opts, timer)
     with scratch_dir() as scratch:
         session = open_session(setup, feeds, scratch, timer)
@@ -96,6 +117,36 @@ def bisect(
         result = to_result(session, diagnosis, bundle, passes)
     write_bundle_docs(result)
     return result
+
+
+def _bisect_dataset(
+    model: ModelLike, ref: BackendLike, target: BackendLike, opts: BisectOptions, timer: StageTimer
+) -> BisectResult:
+    """Every input screened (in workers with ``jobs``/``ray``), the worst ``sample`` scanned and
+    isolated, the worst diagnosed in full; its culprit confirmed over the sample."""
+    with timer.stage("inputs"):
+        job = dataset_job(model, ref, target, opts)
+    run = functools.partial(run_tasks, jobs=opts.jobs, ray=opts.ray)
+    with timer.stage("screen inputs"):
+        ranked = rank(run(screen_input, job, range(len(job.items))))
+    sample = opts.sample or DEFAULT_SAMPLE
+    measured: list[MeasuredInput] = []
+    if ranked[0].diverged or opts.always_scan:  # as with one input: agreeing outputs end it
+        with timer.stage("sample"):
+            chosen = [s.index for s in ranked[:sample] if not s.failed]
+            measured = run(measure_input, job, chosen)
+    worst = dataclasses.replace(
+        opts, dataset=None, sample=None, jobs=1, ray=None, inputs=job.feeds(ranked[0].index)
+    )
+    result = _bisect_one(model, ref, target, worst, timer)
+    source, cause = str(opts.dataset), result.root_cause
+    summary = summarize(
+        source, ranked, measured, cause, sample=sample, jobs=opts.jobs, ray=opts.ray
+    )
+    runs = Counter(result.runs) + Counter(summary.runs)
+    first = ("inputs", "screen inputs", "sample")  # in the order they ran
+    timings = {**{k: result.timings[k] for k in first if k in result.timings}, **result.timings}
+    return dataclasses.replace(result, dataset=summary, runs=dict(runs), timings=timings)
 
 
 def _options(options: BisectOptions | None, overrides: dict[str, Any]) -> BisectOptions:

@@ -21,9 +21,19 @@ from onnx_bisect.compare.topk import TopKSpec, parse_topk
 from onnx_bisect.errors import InputError
 from onnx_bisect.inputs.values import check_fills
 
-__all__ = ["DEFAULT_MAX_MEMORY", "PASS_MODES", "STRATEGIES", "BisectOptions", "ModelLike"]
+__all__ = [
+    "DEFAULT_MAX_MEMORY",
+    "DEFAULT_SAMPLE",
+    "PASS_MODES",
+    "STRATEGIES",
+    "BisectOptions",
+    "ModelLike",
+]
 
 DEFAULT_MAX_MEMORY = 4 << 30
+# Inputs of a dataset scanned and isolated, worst first: each costs a diagnosis's runs, and
+# the worst few say whether the culprit holds; the screen covers every input anyway.
+DEFAULT_SAMPLE = 8
 STRATEGIES = ("auto", "scan", "bisect")
 PASS_MODES = ("auto", "on", "off")
 ModelLike = str | os.PathLike[str] | onnx.ModelProto
@@ -71,6 +81,13 @@ class BisectOptions:
     bisect_passes: str = "auto"
     passes: Sequence[str] = ()
     command: str = ""
+    # Dataset mode: many inputs (a directory, a glob, or one .npz split along its leading
+    # axis), each screened; the worst ``sample`` scanned and isolated (None: DEFAULT_SAMPLE),
+    # in ``jobs`` local processes or as Ray tasks (``ray``: an address, or "local").
+    dataset: str | os.PathLike[str] | None = None
+    sample: int | None = None
+    jobs: int = 1
+    ray: str | None = None
 
     def __post_init__(self) -> None:
         # What needs no model fails here, before anything loads; the rest in make_feeds.
@@ -92,6 +109,7 @@ class BisectOptions:
         self.topk_specs()
         _whole("unroll_max", self.unroll_max, low=0)
         _choice("bisect_passes", self.bisect_passes, PASS_MODES)
+        self._check_dataset()
         self._check_together()
 
     def _check_threshold(self) -> None:
@@ -143,6 +161,52 @@ class BisectOptions:
                     "floor), not to a fixed threshold or atol/rtol",
                     option=name,
                 )
+
+    def _check_dataset(self) -> None:
+        """The dataset's options mean nothing without one; with one, the inputs are its own."""
+        if self.sample is not None:
+            _whole("sample", self.sample, low=1)
+        _whole("jobs", self.jobs, low=1)
+        if self.ray is not None and (not isinstance(self.ray, str) or not self.ray.strip()):
+            raise InputError(
+                f"ray must be a cluster address or 'local', got {self.ray!r}", option="ray"
+            )
+        if self.dataset is None:
+            given = [
+                (name, value)
+                for name, value, default in (
+                    ("sample", self.sample, None),
+                    ("jobs", self.jobs, 1),
+                    ("ray", self.ray, None),
+                )
+                if value != default
+            ]
+            if given:
+                name, value = given[0]
+                raise InputError(
+                    f"{name} {value!r} applies to a dataset only; give one with dataset",
+                    option=name,
+                )
+            return
+        if self.inputs is not None:
+            raise InputError(
+                "dataset and inputs both give the inputs; give one: dataset for many, inputs "
+                "for one",
+                option="dataset",
+            )
+        if not isinstance(self.dataset, str | os.PathLike):
+            raise InputError(
+                f"dataset must be a directory, a glob or a .npz path, got {self.dataset!r}",
+                option="dataset",
+            )
+        fills = (("shapes", self.shapes), ("values", self.values), ("ranges", self.ranges))
+        generated = [name for name, given in fills if given]
+        if generated:
+            raise InputError(
+                f"dataset: {', '.join(generated)} apply to generated inputs only, and a "
+                "dataset's inputs are given; leave them out",
+                option="dataset",
+            )
 
     @property
     def auto_threshold(self) -> bool:

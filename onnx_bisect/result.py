@@ -20,6 +20,7 @@ from rich.text import Text
 
 from onnx_bisect.compare.criterion import Comparison, Criterion
 from onnx_bisect.compare.topk import TopKCheck
+from onnx_bisect.dataset_result import DatasetSummary
 from onnx_bisect.graph.match import Matching
 from onnx_bisect.graph.view import NodeInfo, NotProbed
 from onnx_bisect.text import fmt, plural
@@ -342,6 +343,9 @@ class BisectResult:
     transforms: tuple[TransformRecord, ...] = ()  # +NAME suffixes applied to either model
     task_checks: tuple[TopKCheck, ...] = ()  # per output, when asked for
     pass_bisection: PassBisection | None = None  # when the target has passes to switch off
+    # Dataset mode: every input screened, the sample's per-node statistics; the rest of the
+    # result is the diagnosis of the worst input.
+    dataset: DatasetSummary | None = None
 
     @property
     def diverged(self) -> bool:
@@ -398,16 +402,20 @@ def _summary_lines(r: BisectResult) -> list[Text]:
     head = Text.assemble((r.target.spec, "bold"), " vs ", (r.ref.spec, "bold"), f" on {r.model}")
     if r.target_model:
         head.append(f" (the target runs {r.target_model})")
+    if r.dataset is not None:
+        head.append(f" with dataset {r.dataset.source}")
     checks = [
         Text.assemble(("task check", "green" if c.agrees else "yellow"), f": {c.summary()}")
         for c in r.task_checks
     ]
+    dataset = [Text.assemble(("Dataset", "bold"), f": {line}") for line in _dataset_lines(r)]
     if not r.diverged:
         total = r.timings.get("total", 0.0)
         passing = f": {_passing(len(r.outputs))} {r.criterion.describe()} ({total:.2f}s)"
-        lines = [Text.assemble(("No divergence", "green"), ": ", head, passing), *checks]
+        lines = [Text.assemble(("No divergence", "green"), ": ", head, passing), *dataset]
+        lines += checks
         return lines + _finding_lines(r) if r.nodes else lines
-    lines = [Text.assemble(("Diverged", "bold red"), ": ", head)]
+    lines = [Text.assemble(("Diverged", "bold red"), ": ", head), *dataset]
     for c in r.outputs:
         if c.diverged:
             rel, mx = fmt(c.metrics.get("rel_l2")), fmt(c.metrics.get("max_abs"))
@@ -416,6 +424,10 @@ def _summary_lines(r: BisectResult) -> list[Text]:
                 + Text(f"rel_l2={rel} max_abs={mx}")
             )
     return lines + checks + _finding_lines(r)
+
+
+def _dataset_lines(r: BisectResult) -> list[str]:
+    return r.dataset.lines() if r.dataset is not None else []
 
 
 def _finding_lines(r: BisectResult) -> list[Text]:

@@ -28,10 +28,12 @@ from onnx_bisect.cli.params import (
     BundleRefOpt,
     BundleTargetOpt,
     BundleThresholdOpt,
+    DatasetOpt,
     DebugOpt,
     FormatOpt,
     InputOpt,
     IsolateCrashesOpt,
+    JobsOpt,
     MaxMemoryOpt,
     MetricOpt,
     ModelArg,
@@ -40,9 +42,11 @@ from onnx_bisect.cli.params import (
     PassesOpt,
     QuietOpt,
     RangeOpt,
+    RayOpt,
     RefOpt,
     ReproOpt,
     RtolOpt,
+    SampleOpt,
     SeedOpt,
     ShapeOpt,
     StrategyOpt,
@@ -87,6 +91,10 @@ def run_command(
     ref: RefOpt = "cpu",
     target_model: TargetModelOpt = None,
     input: InputOpt = None,
+    dataset: DatasetOpt = None,
+    sample: SampleOpt = None,
+    jobs: JobsOpt = DEFAULTS.jobs,
+    ray: RayOpt = None,
     shape: ShapeOpt = None,
     value: ValueOpt = None,
     range_: RangeOpt = None,
@@ -120,7 +128,8 @@ def run_command(
     """Find the first node where TARGET departs from REF, and the node that causes it."""
     configure_logging(verbose=verbose, debug=debug)
     per_input = {"--shape": shape, "--value": value, "--range": range_}
-    command = shlex.join(["bisect", *_argv_of(model, ref, target, input, out, per_input)])
+    given = {"--input": input, "--dataset": dataset}
+    command = shlex.join(["bisect", *_argv_of(model, ref, target, given, out, per_input)])
     with (
         user_errors(debug),
         staged_out(out, bundle_name="repro", owned=REPORT_FILES) as staged,
@@ -152,6 +161,10 @@ def run_command(
                 unroll_max=unroll_max,
                 bisect_passes=bisect_passes,
                 passes=tuple(p.strip() for p in passes.split(",") if p.strip()),
+                dataset=dataset,
+                sample=sample,
+                jobs=jobs,
+                ray=ray,
             ),
             always_scan=always_scan,
             topk=topk or (),
@@ -209,7 +222,7 @@ def _argv_of(
     model: Path,
     ref: str,
     target: str,
-    inp: Path | None,
+    given: dict[str, Path | str | None],
     out: Path | None,
     per_input: dict[str, list[str] | None],
 ) -> list[str]:
@@ -217,8 +230,9 @@ def _argv_of(
     if sys.argv and Path(sys.argv[0]).name in ("bisect", "onnx-bisect"):
         return sys.argv[1:]
     args = [str(model), "--ref", ref, "--target", target]
-    if inp is not None:
-        args += ["--input", str(inp)]
+    for flag, path in given.items():
+        if path is not None:
+            args += [flag, str(path)]
     for flag, texts in per_input.items():
         for text in texts or []:
             args += [flag, text]

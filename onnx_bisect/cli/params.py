@@ -15,7 +15,7 @@ import typer
 from onnx_bisect import __version__
 from onnx_bisect.compare.metrics import METRICS
 from onnx_bisect.errors import OnnxBisectError
-from onnx_bisect.options import PASS_MODES, STRATEGIES, BisectOptions
+from onnx_bisect.options import DEFAULT_SAMPLE, PASS_MODES, STRATEGIES, BisectOptions
 
 __all__ = [
     "AlwaysScanOpt",
@@ -26,11 +26,13 @@ __all__ = [
     "BundleTargetOpt",
     "BundleThresholdOpt",
     "DEFAULTS",
+    "DatasetOpt",
     "DebugOpt",
     "FLAGS",
     "FormatOpt",
     "InputOpt",
     "IsolateCrashesOpt",
+    "JobsOpt",
     "MAX_MEMORY_TEXT",
     "MaxMemoryOpt",
     "MetricOpt",
@@ -40,9 +42,11 @@ __all__ = [
     "PassesOpt",
     "QuietOpt",
     "RangeOpt",
+    "RayOpt",
     "RefOpt",
     "ReproOpt",
     "RtolOpt",
+    "SampleOpt",
     "SeedOpt",
     "ShapeOpt",
     "StrategyOpt",
@@ -94,6 +98,10 @@ FLAGS = {
     "unroll_max": "--unroll-max",
     "bisect_passes": "--bisect-passes",
     "passes": "--passes",
+    "dataset": "--dataset",
+    "sample": "--sample",
+    "jobs": "--jobs",
+    "ray": "--ray",
 }
 
 
@@ -243,6 +251,41 @@ TargetModelOpt = Annotated[
 InputOpt = Annotated[
     Path | None,
     typer.Option("--input", "-i", metavar="PATH", help=".npz, .npy or test-case dir of .pb"),
+]
+DatasetOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="DIR|GLOB|FILE.npz",
+        help="Many inputs instead of one: a directory of .npz files or test_data_set_* "
+        "folders, a glob (quoted), or one .npz whose arrays are split along their leading axis. "
+        "Every input is screened and ranked; the worst --sample are scanned and isolated.",
+    ),
+]
+SampleOpt = Annotated[
+    int | None,
+    typer.Option(
+        parser=_integer,
+        metavar="K",
+        help=f"With --dataset: the K worst inputs are scanned and isolated (default "
+        f"{DEFAULT_SAMPLE}).",
+        show_default=False,
+    ),
+]
+JobsOpt = Annotated[
+    int,
+    typer.Option(
+        parser=_integer,
+        metavar="N",
+        help="With --dataset: run the per-input work in N local processes.",
+    ),
+]
+RayOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="ADDRESS|local",
+        help="With --dataset: run the per-input work as Ray tasks on the cluster at ADDRESS, "
+        "or on one started here with 'local' (needs onnx-bisect[ray]).",
+    ),
 ]
 ShapeOpt = Annotated[
     list[str] | None,

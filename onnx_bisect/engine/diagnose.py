@@ -9,7 +9,7 @@ one input's feeds, sizes and criterion (with noise floors for ``--threshold auto
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
@@ -117,16 +117,24 @@ def prepare(
     return setup, feeds
 
 
-def open_session(setup: Setup, feeds: Feeds, scratch: Path, timer: StageTimer) -> Session:
+def open_session(
+    setup: Setup,
+    feeds: Feeds,
+    scratch: Path,
+    timer: StageTimer,
+    *,
+    noise_for: Sequence[str] | None = None,
+) -> Session:
     """One input's session: sizes with the actual input shapes, and the criterion, with
-    per-tensor noise floors measured against float64 for ``--threshold auto``."""
+    per-tensor noise floors measured against float64 for ``--threshold auto`` (of every probe,
+    or of ``noise_for`` alone: a dataset's screen needs the outputs' floors only)."""
     loaded, options = setup.loaded, setup.options
     sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))
     check_budget(loaded.probes, sizes, options.max_memory)
     crit = options.criterion()
     session = Session(setup, feeds, crit, sizes, scratch, timer=timer, notes=list(setup.notes))
     if options.auto_threshold:
-        job = lambda: _auto_criterion(session, crit)  # noqa: E731
+        job = lambda: _auto_criterion(session, crit, noise_for)  # noqa: E731
         session.measure_criterion(job, alongside=options.parallel)
     return session
 
@@ -142,10 +150,12 @@ def _in_order(tally: Mapping[str, T], first: tuple[str, ...]) -> dict[str, T]:
     return {**{k: tally[k] for k in first if k in tally}, **tally}
 
 
-def _auto_criterion(session: Session, crit: Criterion) -> Criterion:
+def _auto_criterion(
+    session: Session, crit: Criterion, names: Sequence[str] | None = None
+) -> Criterion:
     """``crit`` with per-tensor noise floors from float64, or the fallback floor without."""
     with session.timer.stage("float64"):
-        float64 = _float64_or_none(session)
+        float64 = _float64_or_none(session, names)
     if float64 is None:
         return replace(crit, abs_floor=FALLBACK_ABS_FLOOR)
     floors = NoiseFloor(float64.values, float64.oracle_noise)
@@ -153,9 +163,9 @@ def _auto_criterion(session: Session, crit: Criterion) -> Criterion:
     return replace(crit, noise=floors, truth=floors.truth, k=options.noise_k, eps=options.noise_eps)
 
 
-def _float64_or_none(session: Session) -> Float64Run | None:
+def _float64_or_none(session: Session, names: Sequence[str] | None) -> Float64Run | None:
     try:
-        return measure_float64(session)
+        return measure_float64(session, names)
     except BackendError as exc:
         session.notes.append(
             f"--threshold auto: no float64 values ({exc}); fell back to rel_l2 > 1e-3 with "

@@ -161,13 +161,14 @@ class Float64Run:
     oracle_noise: Mapping[str, float]
 
 
-def measure_float64(session: Session) -> Float64Run:
-    """Every probe computed in float64 by the first oracle that runs the model here."""
+def measure_float64(session: Session, names: Sequence[str] | None = None) -> Float64Run:
+    """Every probe (or ``names``) computed in float64 by the first oracle that runs the model
+    here."""
     why_not: list[str] = []
     for spec, twin in FLOAT64_ORACLES:
         try:
             backend, fp32 = create_backend(spec), create_backend(twin)
-            run = _float64_probes(session, backend, fp32)
+            run = _float64_probes(session, backend, fp32, names)
         except (BackendUnavailableError, BackendError) as exc:
             why_not.append(f"{spec}: {exc}")
             log.info("float64 oracle %s not used: %s", spec, exc)
@@ -183,8 +184,11 @@ def measure_float64(session: Session) -> Float64Run:
     raise BackendError("no float64 oracle could run the model: " + "; ".join(why_not))
 
 
-def _float64_probes(session: Session, backend: Backend, fp32: Backend) -> Float64Run:
+def _float64_probes(
+    session: Session, backend: Backend, fp32: Backend, names: Sequence[str] | None
+) -> Float64Run:
     s, loaded = session, session.loaded
+    probes = loaded.probes if names is None else list(names)
     store = s.store("float64", factor=2)
     noise: dict[str, float] = {}
     doubled = {k: None if v is None else 2 * v for k, v in s.sizes.items()}
@@ -195,12 +199,12 @@ def _float64_probes(session: Session, backend: Backend, fp32: Backend) -> Float6
             timed_run(fp32, marked, s.feeds, "float64", s.stats),
         )
 
-    for chunk, (out, out32) in probe_runs(loaded.model, loaded.probes, doubled, s.budget, run):
+    for chunk, (out, out32) in probe_runs(loaded.model, probes, doubled, s.budget, run):
         for name in chunk:
             store.put(name, out[name])
             single = out32.get(name)
             measured = None if single is None else fp32_noise(out[name], single)
             if measured is not None:
                 noise[name] = measured
-    log.debug("float64 reference: %s", plural(len(loaded.probes), "tensor"))
+    log.debug("float64 reference: %s", plural(len(probes), "tensor"))
     return Float64Run(store, noise)

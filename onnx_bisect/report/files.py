@@ -21,7 +21,7 @@ from onnx_bisect.report.issue import render_bundle_readme, render_issue
 from onnx_bisect.report.markdown import render_markdown
 from onnx_bisect.report.outdir import Replaced, check_out_dir, replace_owned, staging_dir
 from onnx_bisect.report.plots import PLOTS_HINT, curve_png, plots_available
-from onnx_bisect.report.serialize import NODE_COLUMNS, node_rows, to_dict
+from onnx_bisect.report.serialize import node_columns, node_rows, to_dict
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult
@@ -83,7 +83,7 @@ def write_reports(
         written.append(path)
     if "csv" in formats:
         path = out_dir / "nodes.csv"
-        _write_csv(path, node_rows(result))
+        _write_csv(path, node_columns(result), node_rows(result))
         written.append(path)
     if "html" in formats:
         path = out_dir / "report.html"
@@ -113,11 +113,11 @@ def _write_png(result: BisectResult, path: Path) -> list[Path]:
     return [path]
 
 
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+def _write_csv(path: Path, columns: Sequence[str], rows: list[dict[str, Any]]) -> None:
     """The nodes table as pandas would write it (NaN as empty), without importing pandas."""
 
     with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(NODE_COLUMNS))
+        writer = csv.DictWriter(f, fieldnames=list(columns))
         writer.writeheader()
         for row in rows:
             writer.writerow(

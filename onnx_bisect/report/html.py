@@ -81,6 +81,9 @@ def _summary(r: BisectResult) -> list[str]:
             )
         out.append("</tbody></table>")
     facts: list[tuple[str, str]] = []
+    if r.dataset is not None:
+        lines = "<br>".join(escape(line) for line in r.dataset.lines())
+        facts.append(("Dataset", f"<code>{escape(r.dataset.source)}</code>: {lines}"))
     fd = r.first_divergence
     if fd is not None:
         acc = fd.accumulated

@@ -29,6 +29,7 @@ __all__ = ["around", "next_steps", "render_markdown", "render_table"]
 # table is nodes.csv and report.json, so report.md shows the rows around the root cause.
 BEFORE, AFTER = 3, 8  # rows shown before and after the root cause (and the first divergence)
 TOP_K = 5  # without a node to centre on, the worst few
+INPUTS_SHOWN = 10  # a dataset's worst inputs listed
 
 
 def render_markdown(result: BisectResult) -> str:
@@ -37,6 +38,7 @@ def render_markdown(result: BisectResult) -> str:
     diagram = mermaid_lines(result)
     if diagram:
         lines += ["", "**Root cause, its neighbours and the amplification chain**", "", *diagram]
+    lines += _inputs_section(result)
     lines += next_steps(result)
     if result.pass_bisection is not None:
         lines += pass_markdown(result.pass_bisection)
@@ -164,8 +166,9 @@ def next_steps(result: BisectResult) -> list[str]:
 
 def _summary(result: BisectResult) -> list[str]:
     if not result.diverged:
-        return [f"**No divergence**: every final output passes {result.criterion.describe()}."]
-    out = ["**Diverged.**", ""]
+        passing = f"**No divergence**: every final output passes {result.criterion.describe()}."
+        return [passing, *_dataset_lines(result)]
+    out = ["**Diverged.**", "", *_dataset_lines(result)]
     fd = result.first_divergence
     if fd is not None and fd.accumulated is not None:
         acc = fd.accumulated
@@ -191,6 +194,30 @@ def _summary(result: BisectResult) -> list[str]:
     if result.search is not None:
         out.append(f"- **Search:** {search_line(result)}. {result.search.reason}")
     return out
+
+
+def _dataset_lines(result: BisectResult) -> list[str]:
+    d = result.dataset
+    if d is None:
+        return []
+    return [f"- **Dataset** `{d.source}`: {line}" for line in d.lines()]
+
+
+def _inputs_section(result: BisectResult) -> list[str]:
+    """The worst inputs of a dataset, ranked (all of them are in report.json)."""
+    d = result.dataset
+    if d is None:
+        return []
+    shown = d.screened[:INPUTS_SHOWN]
+    where = f"{plural(len(d.screened), 'input')} in `report.json`"
+    lines = ["", f"**Inputs, worst first** ({where})", ""]
+    lines += ["| rank | input | outputs | worst output error | sampled |", "|---|---|---|---|---|"]
+    sampled = set(d.sample)
+    for rank, s in enumerate(shown, 1):
+        state = f"failed: {_cell(s.failed)}" if s.failed else ("diverged" if s.diverged else "ok")
+        mark = "yes" if s.label in sampled else ""
+        lines.append(f"| {rank} | `{s.label}` | {state} | {fmt(s.error)} | {mark} |")
+    return lines
 
 
 def render_table(result: BisectResult, nodes: Sequence[NodeResult | None]) -> list[str]:

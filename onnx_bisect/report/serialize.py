@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -13,9 +14,20 @@ from onnx_bisect.report.curve import error_curve
 if TYPE_CHECKING:
     import pandas as pd
 
+    from onnx_bisect.dataset_result import DatasetSummary, NodeStats, Spread
     from onnx_bisect.result import BisectResult, NodeResult
 
-__all__ = ["NODE_COLUMNS", "SCHEMA", "node_dict", "node_rows", "to_dict", "to_frame"]
+__all__ = [
+    "DATASET_COLUMNS",
+    "NODE_COLUMNS",
+    "SCHEMA",
+    "dataset_dict",
+    "node_columns",
+    "node_dict",
+    "node_rows",
+    "to_dict",
+    "to_frame",
+]
 
 
 SCHEMA = "onnx-bisect/report/v1"
@@ -26,6 +38,19 @@ NODE_COLUMNS = (
     "acc_max_abs", "acc_rel_l2", "acc_cosine", "iso_max_abs", "iso_rel_l2", "threshold",
     "noise", "status", "note",
 )  # fmt: skip
+
+# Dataset mode adds, per node, over the sampled inputs that measured it: how many, the share
+# on which its accumulated error fails the criterion, the share on which it is a culprit
+# (wrong alone), and mean/p95/max of its accumulated and isolated deciding numbers.
+DATASET_COLUMNS = (
+    "sampled", "diverged_fraction", "culprit_fraction", "acc_mean", "acc_p95", "acc_max",
+    "iso_mean", "iso_p95", "iso_max",
+)  # fmt: skip
+
+
+def node_columns(result: BisectResult) -> tuple[str, ...]:
+    """The columns of nodes.csv: a dataset's statistics after the single input's."""
+    return NODE_COLUMNS + (DATASET_COLUMNS if result.dataset is not None else ())
 
 
 def _opt(x: float | None) -> float:
@@ -79,10 +104,36 @@ def to_frame(result: BisectResult) -> pd.DataFrame:
     """One row per node; the columns are those of nodes.csv."""
     import pandas as pd
 
-    return pd.DataFrame(node_rows(result), columns=list(NODE_COLUMNS))
+    return pd.DataFrame(node_rows(result), columns=list(node_columns(result)))
 
 
 def node_rows(result: BisectResult) -> list[dict[str, Any]]:
+    rows = _single_rows(result)
+    if result.dataset is not None:
+        stats = {n.name: n for n in result.dataset.nodes}
+        for row in rows:
+            row.update(_dataset_cells(stats.get(row["node"])))
+    return rows
+
+
+def _dataset_cells(n: NodeStats | None) -> dict[str, Any]:
+    if n is None:
+        return dict.fromkeys(DATASET_COLUMNS, math.nan)
+    acc, iso = n.accumulated, n.isolated
+    return {
+        "sampled": n.inputs,
+        "diverged_fraction": n.diverged_fraction,
+        "culprit_fraction": n.wrong_alone_fraction,
+        "acc_mean": acc.mean if acc else math.nan,
+        "acc_p95": acc.p95 if acc else math.nan,
+        "acc_max": acc.max if acc else math.nan,
+        "iso_mean": iso.mean if iso else math.nan,
+        "iso_p95": iso.p95 if iso else math.nan,
+        "iso_max": iso.max if iso else math.nan,
+    }
+
+
+def _single_rows(result: BisectResult) -> list[dict[str, Any]]:
     rows = []
     for n in result.nodes:
         acc, iso = n.accumulated, n.isolated
@@ -108,6 +159,67 @@ def node_rows(result: BisectResult) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _spread(s: Spread | None) -> dict[str, Any] | None:
+    return None if s is None else {"mean": _num(s.mean), "p95": _num(s.p95), "max": _num(s.max)}
+
+
+def dataset_dict(d: DatasetSummary) -> dict[str, Any]:
+    """report.json's ``dataset``: the inputs ranked worst first, the sample, the culprit's
+    confirmation and per-node statistics over the sample."""
+    c = d.confirmation
+    return {
+        "source": d.source,
+        "inputs": len(d.screened),
+        "diverged": d.diverged,
+        "failed": d.failed,
+        "worst": d.worst,
+        "sample": list(d.sample),
+        "jobs": d.jobs,
+        "ray": d.ray,
+        "ranking": [
+            {
+                "rank": rank,
+                "input": s.label,
+                "index": s.index,
+                "diverged": s.diverged,
+                "error": _num(s.error),
+                "failed": s.failed or None,
+                "outputs": {o.tensor: _output_numbers(o) for o in s.outputs},
+            }
+            for rank, s in enumerate(d.screened, 1)
+        ],
+        "confirmation": None if c is None else dataclasses.asdict(c) | {"nodes": list(c.nodes)},
+        "nodes": [
+            {
+                "index": n.index,
+                "node": n.name,
+                "op_type": n.op_type,
+                "sampled": n.inputs,
+                "diverged": n.diverged,
+                "diverged_fraction": n.diverged_fraction,
+                "culprit": n.wrong_alone,
+                "culprit_fraction": n.wrong_alone_fraction,
+                "accumulated": _spread(n.accumulated),
+                "isolated": _spread(n.isolated),
+            }
+            for n in d.nodes
+        ],
+        "task_checks": [
+            dataclasses.asdict(t) | {"agreement_rate": t.agreement_rate} for t in d.task_checks
+        ],
+        "runs": dict(d.runs),
+    }
+
+
+def _output_numbers(c: Comparison) -> dict[str, Any]:
+    return {
+        "status": c.status.value,
+        "score": _num(c.score),
+        "rel_l2": _num(c.metrics.get("rel_l2")),
+        "max_abs": _num(c.metrics.get("max_abs")),
+    }
 
 
 def to_dict(result: BisectResult) -> dict[str, Any]:
@@ -164,4 +276,6 @@ def to_dict(result: BisectResult) -> dict[str, Any]:
             k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in result.inputs.items()
         },
         "notes": list(result.notes),
+        # Only in dataset mode: a single input's report keeps its keys as they were.
+        **({"dataset": dataset_dict(result.dataset)} if result.dataset is not None else {}),
     }
