@@ -183,15 +183,12 @@ class BisectOptions:
             ]
             if given:
                 name, value = given[0]
-                raise InputError(
-                    f"{name} {value!r} applies to a dataset only; give one with dataset",
-                    option=name,
-                )
+                raise InputError(f"{name} {value!r} applies only with a dataset", option=name)
             return
         if self.inputs is not None:
             raise InputError(
-                "dataset and inputs both give the inputs; give one: dataset for many, inputs "
-                "for one",
+                "dataset: the inputs are given as well; give a dataset for many inputs or the "
+                "inputs of one, not both",
                 option="dataset",
             )
         if not isinstance(self.dataset, str | os.PathLike):

@@ -26,6 +26,7 @@ _spec.loader.exec_module(faulty_runtime)
 plant_fault = faulty_runtime.plant_fault
 silu_pattern_present = faulty_runtime.silu_pattern_present
 output_observed = faulty_runtime.output_observed
+plant_input_fault = faulty_runtime.plant_input_fault
 
 
 class FaultyBackend(BackendBase):
@@ -106,3 +107,22 @@ class AbortingBackend(BackendBase):
 
             os.abort()
         return self.inner.run(model, feeds)
+
+
+class InputFaultBackend(BackendBase):
+    """ORT CPU where node ``?node=NAME`` outputs (1 + ``factor``) × the right value only when
+    max |its first input| > ``trigger``: a bug that fires on some inputs (``--input-fault``).
+    A spec string (``tests.faulty:InputFaultBackend?node=...&factor=...&trigger=...``), so
+    that dataset workers can build it."""
+
+    def __init__(self, spec: BackendSpec) -> None:
+        super().__init__(spec)
+        spec.check_options(["node", "factor", "trigger"])
+        self.node = spec.option("node") or ""
+        self.factor = float(spec.option("factor") or 0.05)
+        self.trigger = float(spec.option("trigger") or 0.0)
+        self.inner = create_backend("cpu")
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        planted = plant_input_fault(model, self.node, self.factor, self.trigger)
+        return self.inner.run(planted, feeds)

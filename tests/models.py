@@ -165,3 +165,25 @@ def node_named(loaded: Any, name: str) -> Any:
         if n.name == name:
             return n
     raise KeyError(name)
+
+
+def mlp(width: int = 16, hidden: int = 32, out: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """x -> /fc1/MatMul -> /relu/Relu -> /fc2/MatMul -> /out/Add (bias) -> y, batch of one:
+    /fc2's input grows with x, for faults that fire only on large inputs."""
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((width, hidden)) / 4).astype(np.float32)
+    w2 = (rng.standard_normal((hidden, out)) / 4).astype(np.float32)
+    bias = rng.standard_normal(out).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h1"], name="/fc1/MatMul"),
+        helper.make_node("Relu", ["h1"], ["h2"], name="/relu/Relu"),
+        helper.make_node("MatMul", ["h2", "W2"], ["h3"], name="/fc2/MatMul"),
+        helper.make_node("Add", ["h3", "b"], ["y"], name="/out/Add"),
+    ]
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w1, "W1"), (w2, "W2"), (bias, "b"))]
+    return make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, out])],
+        inits,
+    )

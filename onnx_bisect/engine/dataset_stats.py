@@ -78,11 +78,21 @@ def rank(screens: Sequence[InputScreen]) -> list[InputScreen]:
 def spread(values: Sequence[float]) -> Spread | None:
     """Mean, p95 and max, NaN left out (an infinite error stays: it is the worst there is);
     None when nothing is left."""
-    known = [v for v in values if not math.isnan(v)]
+    known = sorted(float(v) for v in values if not math.isnan(v))
     if not known:
         return None
-    a = np.asarray(known, dtype=np.float64)
-    return Spread(float(a.mean()), float(np.percentile(a, 95)), float(a.max()))
+    return Spread(float(np.mean(known)), _percentile(known, 0.95), known[-1])
+
+
+def _percentile(ordered: Sequence[float], q: float) -> float:
+    """numpy's default (linear) percentile, except that an infinite neighbour gives inf
+    rather than numpy's NaN from inf - inf."""
+    pos = q * (len(ordered) - 1)
+    lo = math.floor(pos)
+    frac = pos - lo
+    if frac == 0 or ordered[lo + 1] == ordered[lo]:
+        return ordered[lo]
+    return ordered[lo] + frac * (ordered[lo + 1] - ordered[lo])
 
 
 def node_stats(measured: Sequence[MeasuredInput]) -> tuple[NodeStats, ...]:
