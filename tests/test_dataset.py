@@ -50,9 +50,7 @@ runner = CliRunner()
 FAULT, FACTOR, TRIGGER = "/fc2/MatMul", 0.05, 5.0
 BRIGHT = (2, 5, 8)  # inputs scaled ×10: the only ones whose /fc2 input exceeds TRIGGER
 N = 10
-IN_PROCESS = (
-    f"tests.faulty:InputFaultBackend?node={FAULT}&factor={FACTOR}&trigger={TRIGGER}"
-)
+IN_PROCESS = f"tests.faulty:InputFaultBackend?node={FAULT}&factor={FACTOR}&trigger={TRIGGER}"
 
 
 def faulty_exec() -> str:
@@ -497,5 +495,7 @@ def test_a_local_ray_cluster_gives_the_same_result_as_one_job(data: Data) -> Non
     pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'onnx-bisect[ray]'")
     target = faulty_exec()
     one = onnx_bisect.bisect(data.model, target=target, dataset=data.folder, sample=4)
-    on_ray = onnx_bisect.bisect(data.model, target=target, dataset=data.folder, sample=4, ray="local")
+    on_ray = onnx_bisect.bisect(
+        data.model, target=target, dataset=data.folder, sample=4, ray="local"
+    )
     assert _fingerprint(on_ray) == _fingerprint(one)

@@ -91,7 +91,7 @@ def test_without_a_float64_oracle_auto_falls_back_to_an_absolute_floor(
     from onnx_bisect.engine import diagnose
     from onnx_bisect.errors import BackendError
 
-    def no_oracle(session: Any, names: Any = None) -> Any:
+    def no_oracle(session: Any, names: Any = None, *, in_child: bool = True) -> Any:
         raise BackendError("no float64 oracle could run the model: (test)")
 
     monkeypatch.setattr(diagnose, "measure_float64", no_oracle)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from onnx_bisect.engine.control_flow import with_control_flow_inlined
 from onnx_bisect.engine.dataset_stats import MeasuredInput, NodeSample
 from onnx_bisect.engine.diagnose import BackendLike, diagnose, open_session, prepare, screen_session
 from onnx_bisect.engine.parallel import worker_cached
-from onnx_bisect.engine.session import Feeds, Setup, StageTimer, scratch_dir
+from onnx_bisect.engine.session import Feeds, Session, Setup, StageTimer, scratch_dir
 from onnx_bisect.errors import BackendError, InputError
 from onnx_bisect.graph.load import load_model
 from onnx_bisect.inputs.dataset import DatasetItem, check_dataset, find_dataset, load_item
@@ -93,7 +94,8 @@ def screen_input(job: DatasetJob, index: int) -> InputScreen:
     setup = _setup(job)
     feeds = job.feeds(index)
     with scratch_dir() as scratch:
-        session = open_session(setup, feeds, scratch, StageTimer(), noise_for=setup.loaded.outputs)
+        finals = setup.loaded.outputs
+        session = _open(setup, feeds, scratch, StageTimer(), noise_for=finals)
         screened = screen_session(session)
         runs = dict(session.stats.runs)
         crit = session.crit
@@ -122,9 +124,9 @@ def measure_input(job: DatasetJob, index: int) -> MeasuredInput:
     feeds = job.feeds(index)
     timer = StageTimer()
     with scratch_dir() as scratch:
-        session = open_session(setup, feeds, scratch, timer)
+        session = _open(setup, feeds, scratch, timer)
         session, screened = with_control_flow_inlined(
-            session, lambda inlined: open_session(inlined, feeds, scratch, timer)
+            session, lambda inlined: _open(inlined, feeds, scratch, timer)
         )
         diagnosis = diagnose(session, screened)
     nodes = diagnosis.found.nodes if diagnosis.found is not None else ()
@@ -135,6 +137,18 @@ def measure_input(job: DatasetJob, index: int) -> MeasuredInput:
         nodes=tuple(NodeSample.of(n) for n in nodes),
         runs=dict(session.stats.runs),
     )
+
+
+def _open(
+    setup: Setup,
+    feeds: Feeds,
+    scratch: Path,
+    timer: StageTimer,
+    noise_for: Sequence[str] | None = None,
+) -> Session:
+    """A session for one input. A worker opens one after another, so torch (the float64
+    oracle) is imported once in the worker, not once per input in a child of its own."""
+    return open_session(setup, feeds, scratch, timer, noise_for=noise_for, oracle_in_child=False)
 
 
 def _setup(job: DatasetJob) -> Setup:

@@ -22,8 +22,9 @@ from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.compare.noise import NoiseFloor
 from onnx_bisect.compare.topk import TopKCheck, TopKSpec, topk_checks
 from onnx_bisect.engine.failure import failure_search
+from onnx_bisect.engine.float64 import Float64Run, measure_float64
 from onnx_bisect.engine.found import Found
-from onnx_bisect.engine.observe import Float64Run, Observed, measure_float64, screen
+from onnx_bisect.engine.observe import Observed, screen
 from onnx_bisect.engine.precision import precision_notes
 from onnx_bisect.engine.recorded import run_feeds
 from onnx_bisect.engine.runs import check_budget
@@ -124,17 +125,19 @@ def open_session(
     timer: StageTimer,
     *,
     noise_for: Sequence[str] | None = None,
+    oracle_in_child: bool = True,
 ) -> Session:
     """One input's session: sizes with the actual input shapes, and the criterion, with
     per-tensor noise floors measured against float64 for ``--threshold auto`` (of every probe,
-    or of ``noise_for`` alone: a dataset's screen needs the outputs' floors only)."""
+    or of ``noise_for`` alone: a dataset's screen needs the outputs' floors only; see
+    ``measure_float64`` for ``oracle_in_child``)."""
     loaded, options = setup.loaded, setup.options
     sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))
     check_budget(loaded.probes, sizes, options.max_memory)
     crit = options.criterion()
     session = Session(setup, feeds, crit, sizes, scratch, timer=timer, notes=list(setup.notes))
     if options.auto_threshold:
-        job = lambda: _auto_criterion(session, crit, noise_for)  # noqa: E731
+        job = lambda: _auto_criterion(session, crit, noise_for, oracle_in_child)  # noqa: E731
         session.measure_criterion(job, alongside=options.parallel)
     return session
 
@@ -151,11 +154,11 @@ def _in_order(tally: Mapping[str, T], first: tuple[str, ...]) -> dict[str, T]:
 
 
 def _auto_criterion(
-    session: Session, crit: Criterion, names: Sequence[str] | None = None
+    session: Session, crit: Criterion, names: Sequence[str] | None, in_child: bool
 ) -> Criterion:
     """``crit`` with per-tensor noise floors from float64, or the fallback floor without."""
     with session.timer.stage("float64"):
-        float64 = _float64_or_none(session, names)
+        float64 = _float64_or_none(session, names, in_child)
     if float64 is None:
         return replace(crit, abs_floor=FALLBACK_ABS_FLOOR)
     floors = NoiseFloor(float64.values, float64.oracle_noise)
@@ -163,9 +166,11 @@ def _auto_criterion(
     return replace(crit, noise=floors, truth=floors.truth, k=options.noise_k, eps=options.noise_eps)
 
 
-def _float64_or_none(session: Session, names: Sequence[str] | None) -> Float64Run | None:
+def _float64_or_none(
+    session: Session, names: Sequence[str] | None, in_child: bool
+) -> Float64Run | None:
     try:
-        return measure_float64(session, names)
+        return measure_float64(session, names, in_child=in_child)
     except BackendError as exc:
         session.notes.append(
             f"--threshold auto: no float64 values ({exc}); fell back to rel_l2 > 1e-3 with "
