@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     )
     from onnx_bisect.compare.criterion import Comparison, Criterion
     from onnx_bisect.compare.tensors import compare_tensors
+    from onnx_bisect.dataset_result import DatasetSummary, NodeStats
     from onnx_bisect.errors import (
         BackendError,
         BackendUnavailableError,
@@ -49,6 +50,8 @@ _LAZY = {
     "Comparison": "onnx_bisect.compare.criterion",
     "Criterion": "onnx_bisect.compare.criterion",
     "compare_tensors": "onnx_bisect.compare.tensors",
+    "DatasetSummary": "onnx_bisect.dataset_result",
+    "NodeStats": "onnx_bisect.dataset_result",
     **dict.fromkeys(
         (
             "BackendError",
@@ -78,9 +81,11 @@ __all__ = [
     "Capabilities",
     "Comparison",
     "Criterion",
+    "DatasetSummary",
     "InputError",
     "ModelLoadError",
     "NodeResult",
+    "NodeStats",
     "OnnxBisectError",
     "RootCause",
     "SpecError",

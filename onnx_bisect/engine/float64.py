@@ -69,14 +69,13 @@ def measure_float64(
 
     ``in_child=False`` keeps torch in this process: a dataset's worker measures one input after
     another, and one import of torch costs less than a fresh child's per input."""
-    probes = session.loaded.probes if names is None else list(names)
     why_not: list[str] = []
     for spec, twin in FLOAT64_ORACLES:
         try:
             if spec == ORACLE and in_child and _child_can_run(session):
-                measured = _in_child(session, probes)
+                measured = _in_child(session, names)
             else:
-                measured = _here(session, spec, twin, probes)
+                measured = _here(session, spec, twin, names)
         except (BackendUnavailableError, BackendError) as exc:
             why_not.append(f"{spec}: {exc}")
             log.info("float64 oracle %s not used: %s", spec, exc)
@@ -90,9 +89,9 @@ def measure_float64(
     raise BackendError("no float64 oracle could run the model: " + "; ".join(why_not))
 
 
-def _here(session: Session, spec: str, twin: str, probes: Sequence[str]) -> _Measured:
+def _here(session: Session, spec: str, twin: str, names: Sequence[str] | None = None) -> _Measured:
     backend, fp32 = create_backend(spec), create_backend(twin)
-    run = _float64_probes(session, backend, fp32, probes)
+    run = _float64_probes(session, backend, fp32, _probes(session, names))
     notes = [n for b in (backend, fp32) if isinstance(b, BackendBase) for n in b.notes()]
     return _Measured(run, backend.describe(), tuple(notes))
 
@@ -131,7 +130,11 @@ def _child_can_run(session: Session) -> bool:
     return weights <= CHILD_MAX_WEIGHTS and numeric
 
 
-def _in_child(session: Session, probes: Sequence[str]) -> _Measured:
+def _probes(session: Session, names: Sequence[str] | None) -> list[str]:
+    return list(session.loaded.probes if names is None else names)
+
+
+def _in_child(session: Session, names: Sequence[str] | None = None) -> _Measured:
     """The torch oracle in its own process (prewarmed by the console script, if it was)."""
     s = session
     work = s.scratch / "float64-child"
@@ -141,7 +144,7 @@ def _in_child(session: Session, probes: Sequence[str]) -> _Measured:
     job = {
         "model": str(model_path),
         "feeds": str(work / "feeds.npz"),
-        "chunks": plan_chunks(probes, _doubled(s), s.budget),
+        "chunks": plan_chunks(_probes(s, names), _doubled(s), s.budget),
         "out": str(work / "values"),
     }
     child = float64_child.take_child()
