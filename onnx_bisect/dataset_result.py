@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from onnx_bisect.compare.criterion import Comparison
 from onnx_bisect.compare.topk import TopKCheck
-from onnx_bisect.text import fmt, plural
+from onnx_bisect.text import plural
 
 __all__ = [
     "Confirmation",
@@ -147,15 +147,3 @@ class DatasetSummary:
             f"({c.confirmed_diverging} of the {c.diverging} that diverge)"
         )
         return [head, confirm, *(t.summary() for t in self.task_checks)]
-
-    def describe_node(self, name: str) -> str:
-        """``diverges on 3 of 8 sampled inputs (acc max 0.05, iso max 0.05)``"""
-        n = self.node(name)
-        if n is None:
-            return "not measured on the sample"
-        acc = fmt(n.accumulated.max) if n.accumulated else "—"
-        iso = fmt(n.isolated.max) if n.isolated else "—"
-        return (
-            f"diverges on {n.diverged} of {plural(n.inputs, 'sampled input')} "
-            f"(accumulated max {acc}, isolated max {iso})"
-        )

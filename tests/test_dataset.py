@@ -463,6 +463,15 @@ def test_dataset_options_are_checked_before_any_work(
     assert _cli_error([str(data.model), "-t", "cpu", *extra]) == message
 
 
+def test_a_dump_cannot_take_a_dataset(tmp_path: Path, data: Data) -> None:
+    with pytest.raises(InputError) as exc:
+        onnx_bisect.bisect(data.model, target=f"dump:{tmp_path}", dataset=data.folder)
+    assert str(exc.value) == (
+        f"dataset: the target dump:{tmp_path} replays tensors recorded for one input; a "
+        "dataset needs backends that compute"
+    )
+
+
 def test_backend_objects_cannot_go_to_workers(data: Data) -> None:
     from tests.faulty import FaultyBackend
 

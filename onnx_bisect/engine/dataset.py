@@ -18,7 +18,7 @@ from pathlib import Path
 
 import onnx
 
-from onnx_bisect.backends.spec import BackendSpec
+from onnx_bisect.backends.spec import BackendSpec, parse_spec
 from onnx_bisect.compare.topk import topk_checks
 from onnx_bisect.dataset_result import InputScreen
 from onnx_bisect.engine.control_flow import with_control_flow_inlined
@@ -67,6 +67,8 @@ def dataset_job(
             "not Backend objects; run them with jobs=1",
             option="jobs" if options.ray is None else "ray",
         )
+    for role, backend in (("ref", ref), ("target", target)):
+        _check_computes(role, backend)
     items = find_dataset(options.dataset)
     proto = model if isinstance(model, onnx.ModelProto) else _signature(Path(model))
     specs = tuple(input_specs(proto))
@@ -159,19 +161,23 @@ def _setup(job: DatasetJob) -> Setup:
 def _prepare(job: DatasetJob) -> Setup:
     options = dataclasses.replace(job.options, inputs=job.feeds(0))
     setup, _ = prepare(job.model, job.ref, job.target, options, StageTimer())
-    _check_backends(setup)
     return setup
 
 
-def _check_backends(setup: Setup) -> None:
+def _check_computes(role: str, backend: BackendLike) -> None:
     """A dump answers for the one input it was made with, so it cannot take a dataset."""
-    for role, backend in (("ref", setup.ref), ("target", setup.target)):
-        if backend.recorded_inputs() is not None or not backend.capabilities.computes:
-            raise InputError(
-                f"dataset: the {role} {backend.spec.text} replays tensors recorded for one "
-                "input; a dataset needs backends that compute",
-                option="dataset",
-            )
+    if isinstance(backend, str | BackendSpec):
+        spec = parse_spec(backend) if isinstance(backend, str) else backend
+        replays = spec.name == "dump"
+    else:
+        spec = backend.spec
+        replays = backend.recorded_inputs() is not None or not backend.capabilities.computes
+    if replays:
+        raise InputError(
+            f"dataset: the {role} {spec.text} replays tensors recorded for one input; a dataset "
+            "needs backends that compute",
+            option="dataset",
+        )
 
 
 def _signature(path: Path) -> onnx.ModelProto:
