@@ -475,8 +475,17 @@ def test_a_dump_cannot_take_a_dataset(tmp_path: Path, data: Data) -> None:
 def test_backend_objects_cannot_go_to_workers(data: Data) -> None:
     from tests.faulty import FaultyBackend
 
-    with pytest.raises(InputError, match="jobs: workers build their own backends"):
-        onnx_bisect.bisect(data.model, target=FaultyBackend(FAULT), dataset=data.folder, jobs=2)
+    for parallel in ({"jobs": 2}, {"ray": "local"}):
+        with pytest.raises(InputError) as exc:
+            onnx_bisect.bisect(
+                data.model, target=FaultyBackend(FAULT), dataset=data.folder, **parallel
+            )
+        (option,) = parallel
+        assert exc.value.option == option
+        assert str(exc.value) == (
+            f"{option}: workers build their own backends, so ref and target must be specs "
+            "(strings), not Backend objects; run those with jobs=1"
+        )
 
 
 # --- workers --------------------------------------------------------------------------------------

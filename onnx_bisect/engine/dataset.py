@@ -60,12 +60,12 @@ def dataset_job(
     """The job of ``options.dataset``: its inputs found and every one checked against the
     model (names, dtypes, shapes alike) before anything runs."""
     assert options.dataset is not None
-    parallel = options.jobs > 1 or options.ray is not None
+    parallel = "ray" if options.ray is not None else "jobs" if options.jobs > 1 else None
     if parallel and not all(isinstance(b, str | BackendSpec) for b in (ref, target)):
         raise InputError(
-            "jobs: workers build their own backends, so ref and target must be specs (strings), "
-            "not Backend objects; run them with jobs=1",
-            option="jobs" if options.ray is None else "ray",
+            f"{parallel}: workers build their own backends, so ref and target must be specs "
+            "(strings), not Backend objects; run those with jobs=1",
+            option=parallel,
         )
     for role, backend in (("ref", ref), ("target", target)):
         _check_computes(role, backend)
@@ -154,7 +154,7 @@ def _open(
 
 
 def _setup(job: DatasetJob) -> Setup:
-    """This worker's setup of ``job``, prepared on its first input."""
+    """This worker's setup of ``job``, prepared once (on the dataset's first input)."""
     return worker_cached(job.key, lambda: _prepare(job))
 
 
