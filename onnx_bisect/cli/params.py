@@ -284,7 +284,7 @@ RayOpt = Annotated[
     typer.Option(
         metavar="ADDRESS|local",
         help="With --dataset: run the per-input work as Ray tasks on the cluster at ADDRESS, "
-        "or on one started here with 'local' (needs onnx-bisect[ray]).",
+        "or on one started here with 'local' (needs onnx-bisect\\[ray]).",
     ),
 ]
 ShapeOpt = Annotated[
