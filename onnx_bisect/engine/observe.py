@@ -25,9 +25,11 @@ from onnx_bisect.engine.session import Session
 from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.errors import BackendError, BackendUnavailableError
 from onnx_bisect.graph.extract import with_outputs
+from onnx_bisect.graph.sizes import PROTO_LIMIT, model_bytes
 from onnx_bisect.text import plural
 
 __all__ = [
+    "FLOAT64_MAX_WEIGHTS",
     "FLOAT64_ORACLES",
     "Float64Run",
     "Observed",
@@ -161,8 +163,20 @@ class Float64Run:
     oracle_noise: Mapping[str, float]
 
 
+# Above this many bytes of weights the oracle is not run: it holds the weights in float64 and
+# in its fp32 twin (3× the model), beside the reference and the target (1× each), where a
+# diagnosis of a model over 2 GB should stay near 2× its weights.
+FLOAT64_MAX_WEIGHTS = PROTO_LIMIT
+
+
 def measure_float64(session: Session) -> Float64Run:
     """Every probe computed in float64 by the first oracle that runs the model here."""
+    weights = model_bytes(session.loaded.model).weights
+    if weights > FLOAT64_MAX_WEIGHTS:
+        raise BackendError(
+            f"not measured for a model with {weights / 1e9:.1f} GB of weights, which float64 "
+            f"copies would double"
+        )
     why_not: list[str] = []
     for spec, twin in FLOAT64_ORACLES:
         try:
