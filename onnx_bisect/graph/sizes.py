@@ -152,7 +152,7 @@ def _model_message(model: onnx.ModelProto) -> int:
             getattr(head, field.name).CopyFrom(value)
         else:
             setattr(head, field.name, value)
-    size = head.ByteSize() + _graph_message(model.graph)
+    size = int(head.ByteSize()) + _graph_message(model.graph)
     for fn in model.functions:
         size += _field(sum(_node_message(n) for n in fn.node) + _function_head(fn))
     for info in model.training_info:
@@ -165,7 +165,7 @@ def _function_head(fn: onnx.FunctionProto) -> int:
     head = onnx.FunctionProto()
     head.CopyFrom(fn)
     del head.node[:]
-    return head.ByteSize()
+    return int(head.ByteSize())
 
 
 def fix_input_shapes(

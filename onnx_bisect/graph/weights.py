@@ -29,6 +29,7 @@ from onnx_bisect.errors import ModelLoadError
 
 __all__ = [
     "ExternalRef",
+    "LINK_MIN_BYTES",
     "all_tensors",
     "external_ref",
     "has_external",
@@ -44,6 +45,10 @@ log = logging.getLogger(__name__)
 
 # Copied data starts on this boundary, so that a runtime may map each tensor.
 _ALIGN = 4096
+# Below this many bytes from one file a run gets a copy instead of a hard link: the copy costs
+# nothing worth saving, and a plain file is what ``onnx.load`` accepts (it refuses a file with
+# two links as a "hardlink attack", the user's own included while a link exists).
+LINK_MIN_BYTES = 64 << 20
 _COPY_CHUNK = 64 << 20
 
 
@@ -227,9 +232,10 @@ def place_weights(
     """A copy of ``model`` to be written as ``directory/name``, its external tensors in files
     beside it (``name.data``, ``name.1.data``, ... one per source file), located relatively.
 
-    ``link``: hard-link each source file, so that no weight byte is copied; where the file
-    system refuses (another device, a file we may not link), or without ``link``, only the
-    bytes of the tensors this model uses are copied.
+    ``link``: hard-link each source file of which the model uses ``LINK_MIN_BYTES`` or more,
+    so that no weight byte is copied; where the file system refuses (another device, a file
+    we may not link), for less, or without ``link``, the bytes of the tensors this model uses
+    are copied.
     """
     if not has_external(model):
         return model
@@ -241,7 +247,8 @@ def place_weights(
             groups.setdefault(external_ref(t).path, []).append(t)
     for i, (source, tensors) in enumerate(groups.items()):
         target = directory / (f"{name}.data" if i == 0 else f"{name}.{i}.data")
-        if link and _hard_link(source, target):
+        used = sum(external_ref(t).length for t in tensors)
+        if link and used >= LINK_MIN_BYTES and _hard_link(source, target):
             for t in tensors:
                 ref = external_ref(t)
                 _set_ref(t, target.name, ref.offset, ref.length)
