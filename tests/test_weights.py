@@ -364,3 +364,18 @@ def test_float64_oracle_is_skipped_above_its_weight_limit(
         n.startswith("--threshold auto: no float64 values (not measured for a model with 0.0 GB")
         for n in result.notes
     )
+
+
+def test_a_dump_of_an_external_model_serves_as_the_reference(ext: Path, tmp_path: Path) -> None:
+    from onnx_bisect.dumper import dump
+
+    dump(ext, "cpu", tmp_path / "dump")
+    target = _faulty_exec() + " --fault add1=0.05"
+    result = onnx_bisect.bisect(ext, ref=f"dump:{tmp_path / 'dump'}", target=target)
+    assert result.root_cause is not None and result.root_cause.nodes == ("add1",)
+
+
+def test_a_transform_runs_on_external_weights(ext: Path) -> None:
+    pytest.importorskip("onnxoptimizer")
+    result = onnx_bisect.bisect(ext, target="cpu+onnxoptimizer", threshold=1e-3)
+    assert result.verdict == "match" and len(result.transforms) == 1

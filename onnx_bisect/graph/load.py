@@ -106,7 +106,11 @@ def _infer_shapes(proto: onnx.ModelProto, path: Path | None, notes: list[str]) -
         if model_bytes(proto).fits:
             return onnx.shape_inference.infer_shapes(proto, data_prop=True)
         if path is None:
-            notes.append("shape inference skipped: in-memory model over 2 GB")
+            # Every run that needs a file then writes its weights again: a path avoids both.
+            notes.append(
+                "shape inference skipped: in-memory model over 2 GB (give its path, with the "
+                "weights in external data, to keep them on disk)"
+            )
             return proto
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "inferred.onnx"
