@@ -7,7 +7,7 @@ message of a few kB: it can be copied, cut, marked and serialized like any other
 
 - a runtime that reads a file gets one written by ``place_weights`` with ``link=True``: the
   weight files hard-linked next to it (runtimes refuse absolute paths, ``..`` and symlinks
-  alike), so each run costs a link, not a copy of the weights;
+  alike), so each run costs a link, not a copy of the weights (a few MB are copied instead);
 - a bundle that must travel gets ``link=False``: the bytes of the tensors it uses, copied;
 - in-process evaluators read values with ``tensor_array`` or ``with_loaded_weights``.
 """
@@ -112,12 +112,14 @@ def external_ref(t: onnx.TensorProto) -> ExternalRef:
 
 
 def _set_ref(t: onnx.TensorProto, location: str, offset: int, length: int) -> None:
-    kept = [e for e in t.external_data if e.key not in ("location", "offset", "length")]
+    # A recorded basepath would no longer hold; a checksum of the same bytes still does.
+    replaced = ("location", "offset", "length", "basepath")
+    kept = [e for e in t.external_data if e.key not in replaced]
     del t.external_data[:]
     t.external_data.add(key="location", value=location)
     t.external_data.add(key="offset", value=str(offset))
     t.external_data.add(key="length", value=str(length))
-    t.external_data.extend(kept)  # checksum, basepath: whatever else the writer recorded
+    t.external_data.extend(kept)
 
 
 def resolve_locations(model: onnx.ModelProto, base: Path, source: str) -> None:
