@@ -108,7 +108,7 @@ def _faulty(*extra: str) -> str:
 def test_planted_fault_in_a_model_over_2gb(large: Path, tmp_path: Path) -> None:
     size = model_bytes(load_model(large).model)
     assert size.external > 2**31 and size.message < 1 << 20
-    out = tmp_path / "out"
+    out = large.parent / "out"  # removed with the model: the bundle holds 512 MiB
     args = [str(large), "--target", _faulty("--fault", f"{FAULT}=0.05"), "--out", str(out)]
     run = _bisect(args, tmp_path)
     gib = 2**30
