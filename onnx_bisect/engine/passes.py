@@ -169,7 +169,7 @@ def _bisect(
     answer does not fix the whole model (``engine/pass_scope.py``)."""
     spec, off, runs = session.setup.target_info.spec, control.all_off(), _Runs(session)
     whole = model_scope(session, screened, model_of)
-    note = "a transform's passes run on the whole model it rewrites"
+    note = ""  # a transform's passes run on the whole model it rewrites
     if not isinstance(control, TransformPasses):
         sub, note = subgraph_scope(session, found, spec, runs.diverges)
         if sub is not None and runs.diverges(off, sub):

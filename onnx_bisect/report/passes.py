@@ -19,6 +19,7 @@ __all__ = ["pass_markdown", "shell_lines", "workaround_step"]
 _MAX_LISTED = 12  # passes or node names listed; the rest are counted
 _VERIFIED = "verified: it agrees with the reference"
 WIDTH = 88  # of a wrapped code line
+_CELL = 120  # the longest form a table cell holds; longer ones get code blocks
 
 
 def pass_markdown(pb: PassBisection) -> list[str]:
@@ -47,7 +48,7 @@ def pass_markdown(pb: PassBisection) -> list[str]:
 
 def _workaround(pb: PassBisection) -> list[str]:
     forms = [("onnx-bisect", target_arg(pb.workaround)), *pb.workaround_forms]
-    if all(len(text) <= WIDTH for _, text in forms):
+    if all(len(text) <= _CELL for _, text in forms):
         return ["| where | how |", "|---|---|", *(f"| {w} | `{t}` |" for w, t in forms)]
     out = [f"`{'`, `'.join(pb.guilty)}` off, everything else as it was:"]
     for where, text in forms:
