@@ -224,6 +224,24 @@ def test_a_pass_bug_the_subgraph_does_not_show_is_searched_on_the_whole_model() 
     assert pb.reason.startswith("the target with every optimization off agrees")
 
 
+@pytest.mark.slow
+def test_a_subgraph_answer_that_does_not_fix_the_whole_model_is_searched_there_again() -> None:
+    # Two independent pass bugs: the root cause's subgraph shows only SiluFusion's, and with it
+    # off the whole model still diverges (GeluFusion's, further on). The whole model is searched
+    # then; its answer names one guilty pass too, and the report says it is not verified.
+    target = simulated(
+        "--pass-fault", "SiluFusion:/stem/Mul=0.05",
+        "--pass-fault", "GeluFusion:/detect/cv3.1/cv3.1.1/Mul=0.05",
+    )  # fmt: skip
+    result = onnx_bisect.bisect(YOLO, target=target, passes=PASSES)
+    pb = result.pass_bisection
+    assert pb is not None and pb.outcome is PassOutcome.GUILTY, pb
+    assert pb.scope is PassScope.MODEL
+    assert pb.scope_note == "the workaround found on the subgraph (SiluFusion off) still diverges"
+    assert pb.guilty == ("SiluFusion",) and not pb.workaround_verified
+    assert "(NOT verified: it still diverges)" in pb.summary()
+
+
 def test_bisect_passes_off_skips_it() -> None:
     result = onnx_bisect.bisect(
         BLOCK, ref="cpu?opt=disable", target="cpu", threshold=1e-9, shapes={"x": [2, 64, 16]},

@@ -183,9 +183,10 @@ def _bisect(
             named = _name(runs, control, spec, sub)
             if named.guilty:
                 result = _conclude(runs, control, named, sub, whole, "")
-                if result.workaround_verified:
+                if result is not None:
                     return result
-                note = f"{result.workaround} still diverges on it, found on a subgraph"
+                off_there = ", ".join(named.guilty)
+                note = f"the workaround found on the subgraph ({off_there} off) still diverges"
             else:
                 note = f"on the subgraph around the root cause, {named.reason}"
     if runs.diverges(off, whole):
@@ -203,7 +204,9 @@ def _bisect(
             "level itself matters",
             scope_nodes=whole.nodes, scope_note=note,
         )  # fmt: skip
-    return _conclude(runs, control, named, whole, whole, note)
+    result = _conclude(runs, control, named, whole, whole, note)
+    assert result is not None  # only a subgraph's answer is dropped
+    return result
 
 
 def _name(runs: _Runs, control: PassControl, spec: str, scope: Scope) -> _Named:
@@ -265,12 +268,15 @@ def _narrow(
 
 def _conclude(
     runs: _Runs, control: PassControl, named: _Named, scope: Scope, whole: Scope, note: str
-) -> PassBisection:
-    """The workaround for what ``named`` names, run on the whole model, and what it rewrote."""
+) -> PassBisection | None:
+    """The workaround for what ``named`` names, run on the whole model, and what it rewrote;
+    None where it was named on a subgraph and still diverges on the whole model."""
     spec, off = runs.session.setup.target_info.spec, control.all_off()
     fix = control.workaround(named.guilty)
     named_in = runs.count  # the check of the workaround below is not part of naming the passes
     verified = not runs.diverges(fix.spec, whole)
+    if not verified and scope.kind is PassScope.SUBGRAPH:
+        return None
     rewritten = control.rewritten(whole.model_of(off), named.guilty)
     on_it = " on it" if scope.kind is PassScope.SUBGRAPH else ""
     return PassBisection(
