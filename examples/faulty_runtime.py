@@ -19,10 +19,11 @@ check are simulated too:
 - ``--hang-on NODE``: the process hangs whenever NODE is in the model.
 - ``--context-fault NODE=F:N``: NODE is wrong only in models of at least N nodes: a bug that
   needs the whole graph around it (a memory planner, say), so no small subgraph shows it.
-- ``--pass-fault PASS[+PASS2]:NODE=F``: NODE is wrong only while optimizer pass PASS (and
-  PASS2) is on: a fusion pass bug. ``--disable A,B`` turns passes off, as a runtime flag
-  would; with ``--disable {disable}`` in the exec: command and ``--passes`` naming the
-  passes, onnx-bisect finds which pass breaks it.
+- ``--pass-fault PASS[+PASS2]:NODE=F[:N]``: NODE is wrong only while optimizer pass PASS (and
+  PASS2) is on (and, with ``:N``, only in models of at least N nodes: a fusion whose pattern
+  spans the graph around it): a fusion pass bug. ``--disable A,B`` turns passes off, as a
+  runtime flag would; with ``--disable {disable}`` in the exec: command and ``--passes``
+  naming the passes, onnx-bisect finds which pass breaks it.
 
 For tests that must catch it mid-run (Ctrl-C): ``--sleep SECONDS`` makes every run that slow,
 and ``--mark FILE`` appends a line per run to FILE as it starts (``<pid> <nodes> <model path>``),
@@ -124,7 +125,7 @@ def main(argv: list[str]) -> int:
         "--context-fault", action="append", default=[], help="NODE=F:MIN_NODES, big graphs only"
     )
     p.add_argument(
-        "--pass-fault", action="append", default=[], help="PASS[+PASS2]:NODE=F, pass on only"
+        "--pass-fault", action="append", default=[], help="PASS[+PASS2]:NODE=F[:N], pass on only"
     )
     p.add_argument("--disable", default="", help="comma-separated passes to turn off")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds every run takes longer")
@@ -163,8 +164,10 @@ def main(argv: list[str]) -> int:
     disabled = {d for d in args.disable.split(",") if d}
     for fault in args.pass_fault:
         passes, _, rest = fault.partition(":")
-        name, _, frac = rest.rpartition("=")
-        if name in present and not disabled & set(passes.split("+")):
+        name, _, spec = rest.rpartition("=")
+        frac, _, min_nodes = spec.partition(":")
+        big = len(model.graph.node) >= int(min_nodes or 0)
+        if name in present and big and not disabled & set(passes.split("+")):
             model = plant_fault(model, name, float(frac))
     for fault in args.hidden_fault:
         name, _, frac = fault.rpartition("=")

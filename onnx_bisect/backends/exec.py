@@ -140,6 +140,9 @@ class ExecPasses:
     def rewritten(self, model: onnx.ModelProto, guilty: Sequence[str]) -> tuple[str, ...]:
         return ()
 
+    def parts(self, name: str, model: onnx.ModelProto) -> list[str] | None:
+        return None  # --passes declares a flat list
+
     def _spec(self, off: Sequence[str]) -> str:
         return self.spec.text.replace(DISABLE, ",".join(off))
 
