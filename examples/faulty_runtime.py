@@ -20,10 +20,11 @@ check are simulated too:
 - ``--hang-on NODE``: the process hangs whenever NODE is in the model.
 - ``--context-fault NODE=F:N``: NODE is wrong only in models of at least N nodes: a bug that
   needs the whole graph around it (a memory planner, say), so no small subgraph shows it.
-- ``--pass-fault PASS[+PASS2]:NODE=F``: NODE is wrong only while optimizer pass PASS (and
-  PASS2) is on: a fusion pass bug. ``--disable A,B`` turns passes off, as a runtime flag
-  would; with ``--disable {disable}`` in the exec: command and ``--passes`` naming the
-  passes, onnx-bisect finds which pass breaks it.
+- ``--pass-fault PASS[+PASS2]:NODE=F[:N]``: NODE is wrong only while optimizer pass PASS (and
+  PASS2) is on (and, with ``:N``, only in models of at least N nodes: a fusion whose pattern
+  spans the graph around it): a fusion pass bug. ``--disable A,B`` turns passes off, as a
+  runtime flag would; with ``--disable {disable}`` in the exec: command and ``--passes``
+  naming the passes, onnx-bisect finds which pass breaks it.
 - ``--input-fault NODE=F:T``: NODE is wrong only when its first input holds a value above T
   in magnitude (max |x| > T): an input-dependent bug, like an fp16 kernel that overflows on
   bright images only, so a dataset shows it on some inputs and not others.
@@ -170,7 +171,7 @@ def main(argv: list[str]) -> int:
         "--context-fault", action="append", default=[], help="NODE=F:MIN_NODES, big graphs only"
     )
     p.add_argument(
-        "--pass-fault", action="append", default=[], help="PASS[+PASS2]:NODE=F, pass on only"
+        "--pass-fault", action="append", default=[], help="PASS[+PASS2]:NODE=F[:N], pass on only"
     )
     p.add_argument(
         "--input-fault", action="append", default=[], help="NODE=F:T, when max |input| > T"
@@ -179,7 +180,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--sleep", type=float, default=0.0, help="seconds every run takes longer")
     p.add_argument("--mark", help="append '<pid> <nodes> <model>' to this file per run")
     args = p.parse_args(argv)
-    model = onnx.load(args.model)
+    # External weights stay in their file (a hard link onnx-bisect made, which onnx.load
+    # refuses): the faults rewrite nodes only, and ONNX Runtime reads the weights itself.
+    model = onnx.load(args.model, load_external_data=False)
     present = {n.name for n in model.graph.node}
     if args.mark:
         with open(args.mark, "a") as f:
@@ -210,8 +213,10 @@ def main(argv: list[str]) -> int:
     disabled = {d for d in args.disable.split(",") if d}
     for fault in args.pass_fault:
         passes, _, rest = fault.partition(":")
-        name, _, frac = rest.rpartition("=")
-        if name in present and not disabled & set(passes.split("+")):
+        name, _, spec = rest.rpartition("=")
+        frac, _, min_nodes = spec.partition(":")
+        big = len(model.graph.node) >= int(min_nodes or 0)
+        if name in present and big and not disabled & set(passes.split("+")):
             model = plant_fault(model, name, float(frac))
     for fault in args.input_fault:
         name, _, spec = fault.rpartition("=")
@@ -222,7 +227,12 @@ def main(argv: list[str]) -> int:
         if name in present and not output_observed(model, name):
             model = plant_fault(model, name, float(frac))
     # Mul of a float16/float64 tensor by a float scale would not type-check; keep to float32.
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()  # external data is read from the model's directory
+    folder = os.path.dirname(os.path.abspath(args.model))
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
+    sess = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
     with np.load(args.inputs) as z:
         feeds = {i.name: z[i.name] for i in sess.get_inputs()}
     names = [o.name for o in sess.get_outputs()]

@@ -109,7 +109,7 @@ def _bisect_one(
         diagnosis = diagnose(session, screened)
         passes = None
         if diagnosis.diverged and diagnosis.screened is not None:
-            passes = bisect_passes(session, diagnosis.screened)
+            passes = bisect_passes(session, diagnosis.screened, diagnosis.found)
         bundle = None
         if opts.repro is not None and diagnosis.diverged and diagnosis.found is not None:
             with timer.stage("repro"):

@@ -10,6 +10,8 @@ notebook, and the terminal prints the same lines, styled, above its table.
 from __future__ import annotations
 
 import math
+import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -35,11 +37,13 @@ __all__ = [
     "Outcome",
     "PassBisection",
     "PassOutcome",
+    "PassScope",
     "ReproInfo",
     "RootCause",
     "SearchInfo",
     "Verdict",
     "first_divergence_phrase",
+    "target_arg",
 ]
 
 
@@ -248,6 +252,10 @@ class BackendInfo:
 
 
 _MAX_REWRITTEN = 12  # node names a summary lists; the rest are counted
+# A workaround spec longer than this has its longest pass list shortened in the summary (a
+# transform's default list less one pass is ~1,000 characters); report.md has it whole.
+_LONG_SPEC = 160
+_PASS_LIST = re.compile(r"(?<=[=,])[\w.-]+(?:,[\w.-]+){5,}")
 
 
 class PassOutcome(StrEnum):
@@ -255,6 +263,11 @@ class PassOutcome(StrEnum):
     NOT_OPTIMIZER = "not_optimizer"  # it diverges with every optimization off too
     NO_PASSES = "no_passes"  # the runtime named no pass that rewrites this model
     FAILED = "failed"  # the passes could not be listed
+
+
+class PassScope(StrEnum):
+    SUBGRAPH = "subgraph"  # the subgraph around the root cause, fed the reference's values
+    MODEL = "model"  # the whole model
 
 
 @dataclass(frozen=True)
@@ -268,12 +281,27 @@ class PassBisection:
     runs: int = 0  # target runs to name them, the optimizations-off check included
     workaround: str = ""  # the spec with the guilty passes off
     workaround_forms: tuple[tuple[str, str], ...] = ()  # (where, text): Python, C/C++, ...
-    workaround_verified: bool = False  # the workaround spec agrees (one more run)
+    workaround_verified: bool = False  # the workaround spec agrees on the whole model
     rewritten: tuple[str, ...] = ()  # the model's nodes the guilty passes replace
     reason: str = ""
     # What torch's compiler bisector adds: (what, text) for backend, subsystem, config,
     # application and debug info; () for other targets.
     details: tuple[tuple[str, str], ...] = ()
+    scope: PassScope = PassScope.MODEL  # what the passes were searched on
+    scope_nodes: int = 0  # the nodes of that model
+    scope_note: str = ""  # why the whole model, where a subgraph was not used
+    # A guilty pass made of rules that switch off one by one (ONNX Runtime's rule-based
+    # transformers): its name, and those of its rules that change this model's graph.
+    parts_of: str = ""
+    parts: tuple[str, ...] = ()
+
+    def where(self) -> str:
+        """What the passes were searched on, in words."""
+        if self.scope is PassScope.SUBGRAPH:
+            return f"on the {self.scope_nodes}-node subgraph around the root cause"
+        size = f" ({plural(self.scope_nodes, 'node')})" if self.scope_nodes else ""
+        note = f": {self.scope_note}" if self.scope_note else ""
+        return f"on the whole model{size}{note}"
 
     def summary(self) -> str:
         """One paragraph: which passes, in how many runs, and the workaround's spec."""
@@ -284,9 +312,14 @@ class PassBisection:
             if self.workaround_verified
             else "NOT verified: it still diverges"
         )
+        spec = self.workaround
+        if len(spec) > _LONG_SPEC:
+            spec = _PASS_LIST.sub(_shortened, spec)
+            if spec != self.workaround:
+                state += "; shortened here, whole in report.md and report.json"
         text = (
-            f"{' + '.join(self.guilty)} ({plural(self.runs, 'run')} of the target to name; "
-            f"{self.reason}). Workaround: --target '{self.workaround}' ({state})"
+            f"{' + '.join(self.guilty)} ({plural(self.runs, 'run')} of the target to name, "
+            f"{self.where()}; {self.reason}). Workaround: {target_arg(spec)} ({state})"
         )
         if self.rewritten:
             shown = self.rewritten[:_MAX_REWRITTEN]
@@ -303,6 +336,11 @@ class PassBisection:
             "passes": list(self.passes),
             "guilty": list(self.guilty),
             "runs": self.runs,
+            "scope": self.scope.value,
+            "scope_nodes": self.scope_nodes,
+            "scope_note": self.scope_note,
+            "parts_of": self.parts_of or None,
+            "parts": list(self.parts),
             "workaround": {
                 "spec": self.workaround,
                 **{where: text for where, text in self.workaround_forms},
@@ -314,6 +352,17 @@ class PassBisection:
             "reason": self.reason,
             "details": dict(self.details),
         }
+
+
+def target_arg(spec: str) -> str:
+    """``--target 'SPEC'`` for a POSIX shell, quoted the shell's way where the spec holds a
+    quote of its own (an ``exec:`` command line)."""
+    return f"--target {shlex.quote(spec)}" if "'" in spec else f"--target '{spec}'"
+
+
+def _shortened(match: re.Match[str]) -> str:
+    names = match.group(0).split(",")
+    return f"{names[0]},{names[1]},…{len(names) - 3} more…,{names[-1]}"
 
 
 @dataclass(frozen=True)

@@ -85,3 +85,40 @@ def test_an_eager_kernel_bug_is_not_blamed_on_the_compiler(tmp_path: Path) -> No
     pb = result.pass_bisection
     assert result.diverged and pb is not None and pb.outcome is PassOutcome.NOT_OPTIMIZER
     assert pb.runs == 1 and "without torch.compile" in pb.reason
+
+
+@pytest.mark.slow
+def test_a_config_flip_that_fixes_inductor_is_named_with_its_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An inductor bug that only its default config shows: the lowering of aten.exp is wrong
+    # unless fallback_random is on. Disabling pre-, joint- or post-grad passes does not fix
+    # it; the bisector's first config flip does, and that is what it must report.
+    pytest.importorskip("torch")
+    import torch
+    from torch._inductor import config, lowering
+
+    exp = torch.ops.aten.exp.default
+    right, mul = lowering.lowerings[exp], lowering.lowerings[torch.ops.aten.mul.Tensor]
+
+    def planted(a: object) -> object:
+        return right(a) if config.fallback_random else right(mul(a, 1.01))
+
+    monkeypatch.setitem(lowering.lowerings, exp, planted)
+    result = onnx_bisect.bisect(_tiny(tmp_path / "tiny.onnx"), target="torch:cpu?compile=inductor")
+    pb = result.pass_bisection
+    assert result.diverged and pb is not None and pb.outcome is PassOutcome.GUILTY, pb
+    line = "torch._inductor.config.fallback_random = True"
+    assert dict(pb.details) == {
+        "backend": "inductor", "subsystem": "inductor_fallback_random", "config": line
+    }  # fmt: skip
+    assert pb.guilty == ("inductor/inductor_fallback_random",)
+    assert pb.reason == (
+        "torch:cpu agrees; torch's bisector finds the inductor backend wrong unless "
+        "inductor_fallback_random is flipped"
+    )
+    assert dict(pb.workaround_forms) == {
+        "Python": "torch.compile(model, backend='aot_eager')", "Python (config)": line
+    }  # fmt: skip
+    assert pb.workaround == "torch:cpu?compile=aot_eager" and pb.workaround_verified
+    assert f"config: {line}" in pb.summary()

@@ -18,6 +18,7 @@ import onnx_bisect
 from onnx_bisect.backends.spec import parse_spec
 from onnx_bisect.backends.transform_passes import TransformPasses, pass_transform
 from onnx_bisect.cli import bisect_app
+from onnx_bisect.report.passes import WIDTH, pass_markdown
 from onnx_bisect.result import PassOutcome
 from onnx_bisect.transforms.registry import transform_kinds
 
@@ -104,6 +105,11 @@ def test_a_real_fusion_is_named_among_the_default_passes(
     rest = ",".join(p for p in pb.passes if p != guilty)
     assert pb.workaround == f"cpu?opt=disable+{transform}={rest}" and pb.workaround_verified
     assert rewritten <= set(pb.rewritten)
+    # The list less one pass is hundreds of characters: shortened in the terminal's summary,
+    # wrapped in report.md's code blocks.
+    assert f"more…,{pb.passes[-1]}'" in pb.summary()
+    code = [line for line in pass_markdown(pb) if line.startswith(("--target", "'"))]
+    assert len(code) > 2 and all(len(line) <= WIDTH for line in code)
 
 
 def test_the_wrong_pass_in_the_list_is_named(wrongopt: None) -> None:

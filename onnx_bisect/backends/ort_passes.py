@@ -34,6 +34,28 @@ __all__ = ["OrtPasses", "graph_level", "modified_transformers"]
 _MODIFIED = re.compile(r"GraphTransformer (\S+) modified: 1")
 _CONFIG_KEY = "optimization.disable_specified_optimizers"
 
+# onnxruntime's rewrite rules per level, as GenerateRewriteRules registers them in 1.32
+# (onnxruntime/core/optimizer/graph_transformer_utils.cc; each name is its RewriteRule's own,
+# e.g. PadFusion's is "Pad_Fusion"). No log line or API names them: a rule-based transformer
+# logs only "GraphTransformer Level1_RuleBasedTransformer modified: 1", though
+# disabled_optimizers takes rule names as it takes transformer names. So these are candidates:
+# a rule counts only where switching it off changes the graph this onnxruntime makes of this
+# model, and a rule added or renamed later is missed, its transformer then named whole.
+_RULES = {
+    1: (
+        "EliminateIdentity", "EliminateSlice", "UnsqueezeElimination", "EliminateDropout",
+        "ExpandElimination", "CastElimination", "CastChainElimination",
+        "PreShapeNodeElimination", "NoopElimination", "DivMulFusion", "FuseReluClip",
+        "GemmSumFusion", "GemmTransposeFusion", "NotWhereFusion", "ConvAddFusion",
+        "ConvMulFusion", "ConvBNFusion", "Pad_Fusion", "MatMul_BatchNormalization_Fusion",
+        "LabelEncoderFusion",
+    ),
+    2: ("ClipQuantRewrite", "ReluQuantRewrite", "GemmTransposeFusion"),
+}  # fmt: skip
+_RULE_BASED = re.compile(r"Level(\d+)_RuleBasedTransformer")
+# The lowest opt= at which a level's transformers run.
+_LEVEL_OPT = {1: "basic", 2: "extended"}
+
 
 def graph_level(opt: str) -> Any:
     """onnxruntime's GraphOptimizationLevel for an ``opt=`` value."""
@@ -97,27 +119,58 @@ class OrtPasses:
         )
 
     def rewritten(self, model: onnx.ModelProto, guilty: Sequence[str]) -> tuple[str, ...]:
+        opt = self.spec.option("opt", "all") or "all"
         with tempfile.TemporaryDirectory(prefix="onnx-bisect-passes-") as tmp:
             path = save_model(model, Path(tmp))
-            with_pass = _optimized_names(path, self.providers, self.disabled)
-            without = _optimized_names(path, self.providers, [*self.disabled, *guilty])
-        original = [n.name for n in model.graph.node]
-        return tuple(n for n in original if n in without and n not in with_pass)
+            with_pass = _optimized(path, self.providers, opt, self.disabled)
+            without = _optimized(path, self.providers, opt, [*self.disabled, *guilty])
+        kept, fused = _names(without), _names(with_pass)
+        return tuple(n.name for n in model.graph.node if n.name in kept - fused)
+
+    def parts(self, name: str, model: onnx.ModelProto) -> list[str] | None:
+        """A rule-based transformer's rules that change ``model`` (see ``_RULES``), each found
+        by an optimized graph that differs with it switched off."""
+        level = _RULE_BASED.fullmatch(name)
+        if level is None:
+            return None
+        rules = [r for r in _RULES.get(int(level.group(1)), ()) if r not in self.disabled]
+        opt = _LEVEL_OPT.get(int(level.group(1)), "all")
+        with tempfile.TemporaryDirectory(prefix="onnx-bisect-passes-") as tmp:
+            path = save_model(model, Path(tmp))
+            base = _shape(_optimized(path, self.providers, opt, self.disabled))
+            return [
+                r
+                for r in rules
+                if _shape(_optimized(path, self.providers, opt, [*self.disabled, r])) != base
+            ]
 
 
-def _optimized_names(path: Path, providers: Sequence[str], disabled: Sequence[str]) -> set[str]:
-    """The node names of the model onnxruntime optimizes ``path`` into."""
+def _optimized(
+    path: Path, providers: Sequence[str], opt: str, disabled: Sequence[str]
+) -> onnx.GraphProto:
+    """The graph onnxruntime optimizes ``path`` into at ``opt`` with ``disabled`` off."""
     import onnxruntime as ort
 
-    out = path.with_name(f"optimized-{len(disabled)}.onnx")
+    out = path.with_name("optimized.onnx")
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(out)
+    options.graph_optimization_level = graph_level(opt)
     options.log_severity_level = 4  # it warns that an NCHWc-optimized file is machine-specific
     kwargs: dict[str, Any] = {"providers": list(providers)}
     if disabled:
         kwargs["disabled_optimizers"] = list(disabled)
     ort.InferenceSession(str(path), options, **kwargs)
-    return {n.name for n in onnx.load(str(out), load_external_data=False).graph.node}
+    return onnx.load(str(out), load_external_data=False).graph
+
+
+def _names(graph: onnx.GraphProto) -> set[str]:
+    return {n.name for n in graph.node}
+
+
+def _shape(graph: onnx.GraphProto) -> tuple[object, ...]:
+    """What a rewrite changes: the nodes and how they connect, and the initializers' names."""
+    nodes = tuple((n.op_type, n.domain, tuple(n.input), tuple(n.output)) for n in graph.node)
+    return nodes, tuple(sorted(i.name for i in graph.initializer))
 
 
 def _main(argv: Sequence[str]) -> int:

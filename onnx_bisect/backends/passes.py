@@ -2,9 +2,10 @@
 
 A backend that implements ``pass_control`` (ONNX Runtime; an ``exec:`` runtime whose command
 takes ``{disable}`` and whose pass names the user declares with ``--passes``) says which of
-its passes rewrite this model, gives the spec of itself with some of them off, and writes the
-workaround in the forms its users need. Everything is expressed as spec strings, so that a
-backend in a child process is rebuilt the same way.
+its passes rewrite this model, gives the spec of itself with some of them off, writes the
+workaround in the forms its users need, and opens up a pass made of rules that switch off
+one by one (ONNX Runtime's rule-based transformers). Everything is expressed as spec strings,
+so that a backend in a child process is rebuilt the same way.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ class PassControl(Protocol):
 
     def rewritten(self, model: onnx.ModelProto, guilty: Sequence[str]) -> tuple[str, ...]:
         """The model's nodes that the guilty passes replace ((), where that is not known)."""
+        ...
+
+    def parts(self, name: str, model: onnx.ModelProto) -> list[str] | None:
+        """For a pass made of rules that switch off by name one by one, the rules that change
+        ``model``'s optimized graph ([] when none does); None for a pass that is one piece."""
         ...
 
 

@@ -90,6 +90,9 @@ class TransformPasses:
         without = {n.name for n in self.model(fix).graph.node}
         return tuple(n.name for n in self.source.graph.node if n.name in without - with_them)
 
+    def parts(self, name: str, model: onnx.ModelProto) -> list[str] | None:
+        return None  # a transform's passes are each one piece
+
     def model(self, spec: str) -> onnx.ModelProto:
         """The model ``spec`` runs: ``source`` after the spec's transforms."""
         transforms = parse_spec(spec).transforms

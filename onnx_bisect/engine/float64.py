@@ -25,11 +25,12 @@ from onnx_bisect.engine.session import Session
 from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.errors import BackendError, BackendUnavailableError
 from onnx_bisect.graph.save import save_model
+from onnx_bisect.graph.sizes import PROTO_LIMIT, model_bytes
 from onnx_bisect.graph.view import TensorMeta
 from onnx_bisect.inputs.feeds import save_npz
 from onnx_bisect.text import plural
 
-__all__ = ["FLOAT64_ORACLES", "Float64Run", "measure_float64"]
+__all__ = ["FLOAT64_MAX_WEIGHTS", "FLOAT64_ORACLES", "Float64Run", "measure_float64"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,11 @@ FLOAT64_ORACLES = (
     (ORACLE, TWIN),
     ("ref?dtype=float64", "ref"),
 )
+
+# Above this many bytes of weights the oracle is not run: it holds the weights in float64 and
+# in its fp32 twin (3× the model), beside the reference and the target (1× each), where a
+# diagnosis of a model over 2 GB should stay near 2× its weights.
+FLOAT64_MAX_WEIGHTS = PROTO_LIMIT
 
 # Above this many bytes of weights the model is not copied for the child: the oracle runs
 # here instead (writing gigabytes would cost more than torch's import).
@@ -69,6 +75,12 @@ def measure_float64(
 
     ``in_child=False`` keeps torch in this process: a dataset's worker measures one input after
     another, and one import of torch costs less than a fresh child's per input."""
+    weights = model_bytes(session.loaded.model).weights
+    if weights > FLOAT64_MAX_WEIGHTS:
+        raise BackendError(
+            f"not measured for a model with {weights / 1e9:.1f} GB of weights, which float64 "
+            f"copies would double"
+        )
     why_not: list[str] = []
     for spec, twin in FLOAT64_ORACLES:
         try:
@@ -125,7 +137,7 @@ def _doubled(session: Session) -> dict[str, int | None]:
 
 
 def _child_can_run(session: Session) -> bool:
-    weights = sum(len(t.raw_data) for t in session.loaded.model.graph.initializer)
+    weights = model_bytes(session.loaded.model).weights
     numeric = all(v.dtype.kind in "biufc" for v in session.feeds.values())
     return weights <= CHILD_MAX_WEIGHTS and numeric
 

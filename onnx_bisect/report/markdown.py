@@ -18,7 +18,7 @@ from onnx_bisect.report.format import (
     search_line,
 )
 from onnx_bisect.report.mermaid import focus_node, mermaid_lines
-from onnx_bisect.report.passes import pass_markdown
+from onnx_bisect.report.passes import pass_markdown, workaround_step
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
@@ -153,8 +153,7 @@ def next_steps(result: BisectResult) -> list[str]:
         )
     pb = result.pass_bisection
     if pb is not None and pb.workaround:
-        state = "verified" if pb.workaround_verified else "not verified"
-        steps.append(f"Work around it ({state}): `--target '{pb.workaround}'`.")
+        steps.append(workaround_step(pb))
     steps += [f"Work around it: {n}." for n in result.notes if "compare at fp32" in n]
     out = f"{Path(r.path).parent}" if r is not None else "OUT"
     steps.append(

@@ -1,38 +1,34 @@
 """Minimal repro bundles: the smallest subgraph that still diverges, written as an ONNX backend
 test case with a standalone ``repro.py``, and proven by running it before we say so.
 
-Candidates, smallest first: the root cause itself (one culprit, a pattern window, a crash
-node), then windows grown around it, then doubling ranges of its ancestors (16, 32, ... nodes
-back), then the whole prefix of the graph up to it (the context in which the divergence was
-seen, fed the model's own inputs). Each is run on the target fed the reference's tensors at its
-cut; the first that reproduces is trimmed to the outputs that diverge, written, and re-run in a
-fresh process exactly as ``repro.py`` would run it. A bundle that does not reproduce there makes
-way for the next candidate; if none does, the report says so.
+Candidates come smallest first from ``engine/subgraphs.py`` (the root cause, windows around
+it, ranges of its ancestors, the whole prefix). Each is run on the target fed the reference's
+tensors at its cut; the first that reproduces is trimmed to the outputs that diverge, written,
+and re-run in a fresh process exactly as ``repro.py`` would run it. A bundle that does not
+reproduce there makes way for the next candidate; if none does, the report says so.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import onnx
 from onnx import numpy_helper
 
 from onnx_bisect.backends.protocol import Backend
-from onnx_bisect.engine.operands import reference_fed
-from onnx_bisect.engine.pattern import window_candidates
 from onnx_bisect.engine.runs import timed_run
 from onnx_bisect.engine.session import Session
 from onnx_bisect.engine.store import TensorStore
+from onnx_bisect.engine.subgraphs import Candidate, Fed, candidates, reference_window
 from onnx_bisect.errors import BackendCrash, BackendError
-from onnx_bisect.graph.extract import prefix_model, window_model
-from onnx_bisect.graph.view import LoadedModel, NodeInfo
+from onnx_bisect.graph.extract import prefix_model
+from onnx_bisect.graph.save import save_portable
+from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.repro.script import render_repro_script
 from onnx_bisect.repro.verify import diverged_outputs, output_tail, rerun_in_process, run_bundle
 from onnx_bisect.result import ReproInfo
@@ -44,22 +40,9 @@ __all__ = ["BUNDLE_FILES", "BundleJob", "build_bundle", "write_repro"]
 DATA_DIR = "test_data_set_0"
 # What a bundle directory holds (README.md and issue.md come from report/files.py): what
 # ``reduce --out DIR`` replaces in DIR on a rerun.
-BUNDLE_FILES = ("model.onnx", "repro.py", DATA_DIR, "README.md", "issue.md")
+BUNDLE_FILES = ("model.onnx", "model.onnx.data", "repro.py", DATA_DIR, "README.md", "issue.md")
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Candidate:
-    nodes: tuple[NodeInfo, ...]
-    prefix: bool  # the whole graph before the cut, fed the model's own inputs
-
-
-@dataclass(frozen=True)
-class _Built:
-    model: onnx.ModelProto
-    inputs: dict[str, npt.NDArray[Any]]
-    outputs: dict[str, npt.NDArray[Any]]  # the reference's values
 
 
 @dataclass(frozen=True)
@@ -130,8 +113,8 @@ def build_bundle(
     loaded, stats, crit = job.loaded, job.session.stats, job.session.crit
     kind = job.symptom
     runs_before = stats.runs.get("target", 0)
-    last_written: tuple[_Candidate, str] | None = None
-    for cand in _candidates(loaded, job.store, start):
+    last_written: tuple[Candidate, str] | None = None
+    for cand in candidates(loaded, job.store, start):
         built = _reproduce(job, cand)
         if built is None:
             continue
@@ -173,41 +156,7 @@ def build_bundle(
     )  # fmt: skip
 
 
-def _candidates(
-    loaded: LoadedModel, store: TensorStore, start: Sequence[str]
-) -> Iterator[_Candidate]:
-    index = {n.name: n.index for n in loaded.nodes}
-    first = sorted(index[s] for s in start if s in index)
-    if not first:
-        return
-    yield _Candidate(tuple(loaded.nodes[i] for i in first), False)
-    seen = {tuple(first)}
-    for window in window_candidates(loaded, store, loaded.nodes[first[-1]]):
-        merged = tuple(sorted(set(window) | set(first)))
-        if merged not in seen:
-            seen.add(merged)
-            yield _Candidate(tuple(loaded.nodes[i] for i in merged), False)
-    yield from _ranges(loaded, first[-1])
-    yield _Candidate(tuple(loaded.nodes[: first[-1] + 1]), True)
-
-
-def _ranges(loaded: LoadedModel, end: int) -> Iterator[_Candidate]:
-    """Ancestors of ``end`` among the 16, 32, 64, ... nodes before it, fed at the cut.
-
-    For a divergence that needs a region of the graph rather than a window: the first range
-    that reproduces is within twice the smallest one that would, at one target run per
-    doubling, before the whole prefix is the last resort.
-    """
-    ancestors = loaded.ancestors(end)
-    step = 16
-    while step < end:
-        start = end - step
-        nodes = tuple(n for n in loaded.nodes[start : end + 1] if n.index in ancestors)
-        yield _Candidate(nodes, False)
-        step *= 2
-
-
-def _reproduce(job: BundleJob, cand: _Candidate) -> _Built | None:
+def _reproduce(job: BundleJob, cand: Candidate) -> Fed | None:
     """Run a candidate on the target; when it reproduces, the bundle trimmed to what shows it."""
     built = _build(job, cand, None)
     try:
@@ -229,25 +178,19 @@ def _reproduce(job: BundleJob, cand: _Candidate) -> _Built | None:
     return built
 
 
-def _build(job: BundleJob, cand: _Candidate, outputs: Sequence[str] | None) -> _Built:
+def _build(job: BundleJob, cand: Candidate, outputs: Sequence[str] | None) -> Fed:
     loaded, store, feeds = job.loaded, job.store, job.session.feeds
-    if cand.prefix:
-        model = prefix_model(loaded, len(cand.nodes))
-        if outputs is not None:
-            model = _keep_outputs(model, outputs)
-        used = {i.name for i in model.graph.input}
-        inputs = {k: np.asarray(v) for k, v in feeds.items() if k in used}
-    else:
-        model, inputs = reference_fed(
-            loaded, store, feeds, cand.nodes,
-            lambda metas, constants: window_model(
-                loaded, cand.nodes, metas, constants, outputs=outputs, keep_names=True
-            )[:2],
-        )  # fmt: skip
+    if not cand.prefix:
+        fed = reference_window(loaded, store, feeds, cand.nodes, outputs)
+        return Fed(_finish(fed.model), fed.inputs, fed.outputs)
+    model = prefix_model(loaded, len(cand.nodes))
+    if outputs is not None:
+        model = _keep_outputs(model, outputs)
+    used = {i.name for i in model.graph.input}
+    inputs = {k: np.asarray(v) for k, v in feeds.items() if k in used}
     names = [o.name for o in model.graph.output]
-    model = _finish(model)
     refs = {t: np.asarray(store.get(t)) for t in names if t in store}
-    return _Built(model, {k: np.asarray(v) for k, v in inputs.items()}, refs)
+    return Fed(_finish(model), inputs, refs)
 
 
 def _keep_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
@@ -269,9 +212,11 @@ def _finish(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _write(out_dir: Path, built: _Built, script: str) -> None:
+def _write(out_dir: Path, built: Fed, script: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(built.model, str(out_dir / "model.onnx"))
+    # The weights it uses are copied in (a bundle travels without the model), into
+    # model.onnx.data when the model's were external or do not fit one message.
+    save_portable(built.model, out_dir)
     data = out_dir / DATA_DIR
     if data.exists():
         for old in data.glob("*.pb"):
