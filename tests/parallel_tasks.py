@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,3 +93,8 @@ def sleep_marked(marks: str, item: int) -> int:
 def thread_vars(_: None, item: int) -> tuple[str | None, ...]:
     names = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
     return tuple(os.environ.get(name) for name in names)
+
+
+def package_paths(_: None, item: int) -> list[str]:
+    """The entries of this process's sys.path that hold an onnx_bisect package."""
+    return [p for p in sys.path if (Path(p) / "onnx_bisect" / "__init__.py").is_file()]

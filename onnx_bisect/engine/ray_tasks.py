@@ -15,6 +15,7 @@ code, not whatever version the cluster has installed (its other dependencies mus
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -43,10 +44,10 @@ _SHARED = ("onnx_bisect.engine.ray_tasks", "shared")
 def run_on_ray(
     fn: Callable[[S, T], R], shared: S, items: Sequence[T], *, jobs: int, address: str
 ) -> list[R]:
-    """``fn(shared, item)`` for every item as Ray tasks; a cluster started here is shut down
-    on the way out (Ctrl-C included), one connected to is left running."""
+    """``fn(shared, item)`` for every item as Ray tasks. On the way out (Ctrl-C included) a
+    cluster started here is shut down; from one at an address we only disconnect."""
     ray = _import_ray()
-    started = _connect(ray, address, jobs)
+    connected = _connect(ray, address, jobs)
     refs: list[Any] = []
     try:
         shared_ref = ray.put(shared)
@@ -56,11 +57,10 @@ def run_on_ray(
         refs = [task.remote(fn, [shared_ref], item, run) for item in items]
         return [_result(ray, ref, index, len(items)) for index, ref in enumerate(refs)]
     except BaseException:
-        for ref in refs:  # a cluster we leave running must not keep computing for nobody
-            ray.cancel(ref, force=True)
+        _collect(ray, refs)
         raise
     finally:
-        if started:
+        if connected:
             ray.shutdown()
 
 
@@ -83,14 +83,31 @@ def _import_ray() -> Any:
     return ray
 
 
+def _collect(ray: Any, refs: list[Any]) -> None:
+    """After an error or Ctrl-C: fetch the outcomes there are, so that Ray does not print the
+    errors of tasks nobody asked for.
+
+    Nothing is cancelled: Ray 2.60's driver aborts (a failed RAY_CHECK, "Tried to complete
+    task that was not pending") when a cancel, forced or not, meets a task that is finishing.
+    Disconnecting ends our job, and Ray then stops its tasks; a local cluster is shut down.
+    """
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    for ref in ready:
+        with contextlib.suppress(Exception):
+            ray.get(ref)
+
+
 def _connect(ray: Any, address: str, jobs: int) -> bool:
-    """Connect, or start a local cluster; whether we started one (ours to shut down)."""
+    """Connect to the cluster at ``address`` or start a local one; whether we did (and so
+    must shut down or disconnect): a connection the caller made is theirs."""
     if ray.is_initialized():  # the caller's own connection: use it as it is
         return False
     quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
     if address == "local":
         path = os.pathsep.join(p for p in sys.path if p)
         ray.init(
+            # "local" starts a new cluster even where `ray start` left one to find.
+            address="local",
             num_cpus=jobs if jobs > 1 else None,
             include_dashboard=False,
             runtime_env={"env_vars": {"PYTHONPATH": path}},
@@ -108,9 +125,11 @@ def _connect(ray: Any, address: str, jobs: int) -> bool:
     except Exception as exc:  # ConnectionError, version or authentication mismatches
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BackendUnavailableError(
-            f"ray: cannot connect to the Ray cluster at {address}: {first}", option="ray"
+            f"ray: cannot connect to the Ray cluster at {address}: {first} (a cluster with token"
+            " authentication needs RAY_AUTH_MODE=token and its token here)",
+            option="ray",
         ) from None
-    return False
+    return True
 
 
 def _check_reachable(address: str) -> None:
