@@ -110,6 +110,38 @@ def test_a_dead_worker_names_its_task() -> None:
     )
 
 
+_UNGUARDED = """
+import numpy as np
+from onnx_bisect.engine.parallel import run_tasks
+from onnx_bisect.errors import WorkerCrash
+from tests import parallel_tasks as tasks
+# No `if __name__ == "__main__":`, so a spawned worker runs this again and dies starting.
+try:
+    run_tasks(tasks.thread_vars, np.zeros(1 << 20), list(range(8)), jobs=2)
+except WorkerCrash as exc:
+    print(exc)
+"""
+
+
+def test_a_worker_that_cannot_start_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    """The workers die before reading what they are given (1 MB here, over a pipe's
+    buffer): CPython's spawn would leave the parent blocked writing it, were it not in a
+    file."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(_UNGUARDED)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout) == (
+        0,
+        "a worker process died before running any of the 8 tasks: it could not start (its"
+        " error is above: an import, or a main script without"
+        " `if __name__ == '__main__':`)\n",
+    )
+    assert "bootstrapping phase" in done.stderr  # multiprocessing's own word for it
+
+
 def test_jobs_must_be_positive() -> None:
     with pytest.raises(InputError) as caught:
         run_tasks(tasks.fail_on, 3, ITEMS, jobs=0)

@@ -4,10 +4,15 @@ Spawn, not fork: ONNX Runtime's (and OpenMP's) thread pools do not survive a for
 tool may already run sessions in threads. A spawned child gets the parent's ``sys.path`` from
 multiprocessing, so it imports onnx_bisect from a source checkout too.
 
-``fn`` and ``shared`` are pickled once in the parent and handed to each worker by the pool's
-initializer, not with every task. Each worker notes in a shared array which item it is
-running, so a worker that dies (a segfault in a runtime, the OOM killer) is reported with the
-item it was running rather than as a broken pool.
+``fn`` and ``shared`` are pickled once in the parent, into a file each worker's initializer
+reads, not sent with every task. A file and not the initializer's arguments: those go down
+the pipe multiprocessing starts a child with, and CPython writes that pipe while holding its
+other end open, so a child that dies while starting (an import error) leaves the parent
+blocked for good on a payload over the pipe's 64 kB.
+
+Each worker notes in a shared array which item it is running, so a worker that dies (a
+segfault in a runtime, the OOM killer) is reported with the item it was running rather than
+as a broken pool.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ import multiprocessing
 import os
 import pickle
 import signal
+import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Any, TypeVar
 
 from onnx_bisect.engine.worker import call_task, thread_env
@@ -40,11 +47,14 @@ _work: list[Any] = []
 
 def run_in_pool(fn: Callable[[S, T], R], shared: S, items: Sequence[T], *, jobs: int) -> list[R]:
     """``fn(shared, item)`` for every item in ``min(jobs, len(items))`` worker processes."""
-    payload = pickle.dumps((fn, shared, uuid.uuid4().hex), protocol=pickle.HIGHEST_PROTOCOL)
-    try:
-        return _run(payload, items, workers=min(jobs, len(items)), env=thread_env(jobs))
-    except _Died as died:
-        raise _crash(payload, items, died.running) from None
+    with tempfile.TemporaryDirectory(prefix="onnx-bisect-tasks-") as scratch:
+        payload = Path(scratch) / "shared.pickle"
+        with payload.open("wb") as f:
+            pickle.dump((fn, shared, uuid.uuid4().hex), f, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            return _run(payload, items, workers=min(jobs, len(items)), env=thread_env(jobs))
+        except _Died as died:
+            raise _crash(payload, items, died.running) from None
 
 
 class _Died(Exception):
@@ -53,14 +63,12 @@ class _Died(Exception):
         self.running = running
 
 
-def _run(
-    payload: bytes, items: Sequence[Any], *, workers: int, env: Mapping[str, str]
-) -> list[Any]:
+def _run(payload: Path, items: Sequence[Any], *, workers: int, env: Mapping[str, str]) -> list[Any]:
     """Results in item order; ``_Died`` with the items under way when a worker died."""
     context = multiprocessing.get_context("spawn")
     states = context.RawArray("q", len(items))
     pool = ProcessPoolExecutor(
-        workers, mp_context=context, initializer=_init_worker, initargs=(payload, env, states)
+        workers, mp_context=context, initializer=_init_worker, initargs=(str(payload), env, states)
     )
     try:
         futures: list[Future[Any]] = [
@@ -84,7 +92,7 @@ def _kill(pool: ProcessPoolExecutor) -> None:
         process.kill()
 
 
-def _crash(payload: bytes, items: Sequence[Any], running: list[int]) -> WorkerCrash:
+def _crash(payload: Path, items: Sequence[Any], running: list[int]) -> WorkerCrash:
     """The error for a dead worker, naming its item. With several items under way at once,
     each is run again alone until one kills its worker."""
     if len(running) > 1:
@@ -95,27 +103,31 @@ def _crash(payload: bytes, items: Sequence[Any], running: list[int]) -> WorkerCr
                 return _crash(payload, items, [suspect])
             except Exception:  # its own error: not the one that died
                 continue
-    index: int | None = None
+    count = len(items)
     if not running:
-        what = "before starting any task"
-    elif len(running) == 1:
-        index = running[0]
-        what = f"while running task {index}"
+        return WorkerCrash(
+            f"a worker process died before running any of the {count} tasks: it could not"
+            " start (its error is above: an import, or a main script without"
+            " `if __name__ == '__main__':`)"
+        )
+    if len(running) == 1:
+        what = f"while running task {running[0]}"
     else:
         what = "while running tasks " + ", ".join(map(str, running)) + " (none dies alone)"
     return WorkerCrash(
-        f"a worker process died {what} of {len(items)}: a crash or a kill, not an error the"
+        f"a worker process died {what} of {count}: a crash or a kill, not an error the"
         " task raised; run it with jobs=1 to see it",
-        index=index,
+        index=running[0] if len(running) == 1 else None,
     )
 
 
-def _init_worker(payload: bytes, env: Mapping[str, str], states: Any) -> None:
+def _init_worker(payload: str, env: Mapping[str, str], states: Any) -> None:
     # Ctrl-C reaches the whole process group; the parent ends its workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Before unpickling: a runtime that ``shared`` imports reads its thread count at start.
     os.environ.update(env)
-    _work[:] = [*pickle.loads(payload), states]
+    with open(payload, "rb") as f:
+        _work[:] = [*pickle.load(f), states]
 
 
 def _task(index: int, item: Any) -> Any:
