@@ -5,30 +5,66 @@
 >>> result.first_divergence.name, result.root_cause.nodes  # doctest: +SKIP
 """
 
-from importlib import metadata
+from __future__ import annotations
 
-from onnx_bisect.api import bisect
-from onnx_bisect.backends import (
-    Backend,
-    BackendBase,
-    BackendSpec,
-    Capabilities,
-    create_backend,
-    parse_spec,
-)
-from onnx_bisect.compare.criterion import Comparison, Criterion
-from onnx_bisect.compare.tensors import compare_tensors
-from onnx_bisect.errors import (
-    BackendError,
-    BackendUnavailableError,
-    InputError,
-    ModelLoadError,
-    OnnxBisectError,
-    SpecError,
-)
-from onnx_bisect.options import BisectOptions
-from onnx_bisect.report import to_dict, to_frame, write_reports
-from onnx_bisect.result import BisectResult, NodeResult, RootCause, Verdict
+import importlib
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from onnx_bisect.api import bisect
+    from onnx_bisect.backends import (
+        Backend,
+        BackendBase,
+        BackendSpec,
+        Capabilities,
+        create_backend,
+        parse_spec,
+    )
+    from onnx_bisect.compare.criterion import Comparison, Criterion
+    from onnx_bisect.compare.tensors import compare_tensors
+    from onnx_bisect.errors import (
+        BackendError,
+        BackendUnavailableError,
+        InputError,
+        ModelLoadError,
+        OnnxBisectError,
+        SpecError,
+    )
+    from onnx_bisect.options import BisectOptions
+    from onnx_bisect.report import to_dict, to_frame, write_reports
+    from onnx_bisect.result import BisectResult, NodeResult, RootCause, Verdict
+
+    compare = compare_tensors
+
+# Names resolved on first use (PEP 562): `import onnx_bisect` and the console scripts' entry
+# stay light, so that `bisect` can start the float64 oracle's process (torch's import, ~1.4 s)
+# before onnxruntime, onnx and pandas are imported here (~0.6 s).
+_LAZY = {
+    "bisect": "onnx_bisect.api",
+    **dict.fromkeys(
+        ("Backend", "BackendBase", "BackendSpec", "Capabilities", "create_backend", "parse_spec"),
+        "onnx_bisect.backends",
+    ),
+    "Comparison": "onnx_bisect.compare.criterion",
+    "Criterion": "onnx_bisect.compare.criterion",
+    "compare_tensors": "onnx_bisect.compare.tensors",
+    **dict.fromkeys(
+        (
+            "BackendError",
+            "BackendUnavailableError",
+            "InputError",
+            "ModelLoadError",
+            "OnnxBisectError",
+            "SpecError",
+        ),
+        "onnx_bisect.errors",
+    ),
+    "BisectOptions": "onnx_bisect.options",
+    **dict.fromkeys(("to_dict", "to_frame", "write_reports"), "onnx_bisect.report"),
+    **dict.fromkeys(("BisectResult", "NodeResult", "RootCause", "Verdict"), "onnx_bisect.result"),
+}
+_ALIASES = {"compare": "compare_tensors"}
 
 __all__ = [
     "__version__",
@@ -59,7 +95,24 @@ __all__ = [
     "write_reports",
 ]
 
-compare = compare_tensors
+
+# The subpackage `compare` is imported now, so that its import (which names it on this package)
+# is over before the function of the same name is looked up here.
+importlib.import_module("onnx_bisect.compare")
+del globals()["compare"]
+
+
+def __getattr__(name: str) -> Any:
+    real = _ALIASES.get(name, name)
+    if real not in _LAZY:
+        raise AttributeError(f"module 'onnx_bisect' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[real]), real)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def _version() -> str:

@@ -165,3 +165,65 @@ def node_named(loaded: Any, name: str) -> Any:
         if n.name == name:
             return n
     raise KeyError(name)
+
+
+def write_external_mlp(
+    path: Path, blocks: int = 3, width: int = 8, hidden: int = 16, seed: int = 0
+) -> list[str]:
+    """x -> (MatMul W_i -> Add b_i -> Relu) × blocks -> y, with every weight in ``<path>.data``.
+
+    The weights are written straight to the file with numpy, block by block, and the model
+    only points at them, so no protobuf message or test process ever holds them all: a model
+    with gigabytes of weights costs a few MB of RAM to build. Nodes are ``mm{i}``, ``add{i}``
+    and ``relu{i}``; returns the node names in order.
+    """
+    rng = np.random.default_rng(seed)
+    data = path.with_name(path.name + ".data")
+    nodes, inits, names = [], [], []
+    dims = [width] + [hidden if i % 2 == 0 else width for i in range(blocks)]
+    prev = "x"
+    with data.open("wb") as f:
+        for i in range(blocks):
+            rows, cols = dims[i], dims[i + 1]
+            inits.append(_external(f, f"W{i}", (rows, cols), data.name))
+            # He-uniform, so that activations keep their size through every Relu; uniform
+            # in place because normal variates take 10x longer for gigabytes.
+            limit = np.float32(np.sqrt(6.0 / rows))
+            step = max(1, (16 << 20) // cols)  # 64 MiB of float32 at a time
+            for r in range(0, rows, step):
+                block = np.empty((min(step, rows - r), cols), np.float32)
+                rng.random(out=block, dtype=np.float32)
+                block -= np.float32(0.5)
+                block *= 2 * limit
+                block.tofile(f)
+            inits.append(_external(f, f"b{i}", (cols,), data.name))
+            (rng.standard_normal(cols, dtype=np.float32) * np.float32(0.1)).tofile(f)
+            out = "y" if i == blocks - 1 else f"a{i}"
+            nodes += [
+                helper.make_node("MatMul", [prev, f"W{i}"], [f"h{i}"], name=f"mm{i}"),
+                helper.make_node("Add", [f"h{i}", f"b{i}"], [f"z{i}"], name=f"add{i}"),
+                helper.make_node("Relu", [f"z{i}"], [out], name=f"relu{i}"),
+            ]
+            names += [f"mm{i}", f"add{i}", f"relu{i}"]
+            prev = out
+    model = make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, dims[-1]])],
+        inits,
+    )
+    onnx.save_model(model, str(path))
+    return names
+
+
+def _external(f: Any, name: str, dims: tuple[int, ...], location: str) -> onnx.TensorProto:
+    """A float32 tensor whose data starts at the file's current end (4 KiB aligned, so that a
+    runtime may map it)."""
+    pad = -f.tell() % 4096
+    f.write(b"\0" * pad)
+    t = onnx.TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(dims))
+    t.data_location = onnx.TensorProto.EXTERNAL
+    nbytes = int(np.prod(dims)) * 4
+    for key, value in (("location", location), ("offset", str(f.tell())), ("length", str(nbytes))):
+        t.external_data.add(key=key, value=value)
+    return t

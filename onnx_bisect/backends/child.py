@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from onnx_bisect.backends.exec import NOTE_PREFIX
 from onnx_bisect.backends.protocol import BackendBase
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.backends.spec import parse_spec
 from onnx_bisect.errors import OnnxBisectError
+from onnx_bisect.graph.weights import read_model
 from onnx_bisect.inputs.feeds import save_npz
 
 __all__ = ["main"]
@@ -31,8 +31,8 @@ def main(argv: list[str]) -> int:
     spec, model_path, inputs, outputs = argv
     try:
         backend = create_backend(parse_spec(spec))
-        model = onnx.load(model_path, load_external_data=False)
-        onnx.external_data_helper.load_external_data_for_model(model, str(Path(model_path).parent))
+        # The weights the parent linked beside the model stay there, as in the parent.
+        model = read_model(Path(model_path))
         with np.load(inputs, allow_pickle=False) as z:
             feeds = {k: z[k] for k in z.files}
         save_npz(Path(outputs), backend.run(model, feeds))

@@ -1,7 +1,8 @@
 """``exec:COMMAND``: any runtime in any language, through files.
 
 Protocol (docs/exec-protocol.md): we write ``model.onnx`` (the probes already marked as graph
-outputs; weights in ``model.onnx.data`` when over 2 GB) and ``inputs.npz`` keyed by graph input
+outputs; external weights in ``model.onnx.data``, a hard link to the model's weight file when
+large) and ``inputs.npz`` keyed by graph input
 name into a fresh temporary directory, substitute ``{model}``, ``{inputs}`` and ``{outputs}`` in
 COMMAND, run it without a shell (shlex-split), and read ``outputs.npz`` keyed by graph output
 name. A non-zero exit or a missing output is a backend failure.

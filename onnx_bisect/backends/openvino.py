@@ -21,6 +21,7 @@ from onnx_bisect.backends.protocol import BackendBase, Tensors
 from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.errors import BackendUnavailableError, SpecError
 from onnx_bisect.graph.save import save_model
+from onnx_bisect.graph.sizes import model_bytes
 
 __all__ = ["OpenVinoBackend", "default_precision"]
 
@@ -74,10 +75,13 @@ class OpenVinoBackend(BackendBase):
 
     def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
         core = _core()
-        if model.ByteSize() < _BYTES_LIMIT:
+        size = model_bytes(model)
+        if not size.external and size.message < _BYTES_LIMIT:
             # Straight from memory: a temp-file round trip costs more than the parse.
             ov_model = core.read_model(io.BytesIO(model.SerializeToString()))
         else:
+            # From a file, its external weights linked beside it (OpenVINO reads them from
+            # the model's directory only).
             with tempfile.TemporaryDirectory(prefix="onnx-bisect-ov-") as tmp:
                 ov_model = core.read_model(str(save_model(model, Path(tmp))))
         wanted = {p.get_any_name() for p in ov_model.inputs}

@@ -22,6 +22,8 @@ from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.errors import BackendError, BackendUnavailableError, SpecError
 from onnx_bisect.graph.irversion import lowered, min_ir_version, runnable_ir_version
 from onnx_bisect.graph.save import save_model
+from onnx_bisect.graph.sizes import model_bytes
+from onnx_bisect.graph.weights import relative_locations
 
 __all__ = ["OrtBackend", "PROVIDERS"]
 
@@ -53,6 +55,9 @@ _OPT_LEVELS = ("disable", "basic", "extended", "all")
 
 # Above this size the bytes API would copy the whole model once more; a file avoids it.
 _BYTES_LIMIT = 1 << 30
+
+# Where a model given as bytes finds its external data (relative locations are taken from it).
+_WEIGHTS_FOLDER = "session.model_external_initializers_file_folder_path"
 
 # onnxruntime has no API for the highest IR version it reads; its refusal names it.
 _IR_REFUSED = re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)")
@@ -166,10 +171,15 @@ class OrtBackend(BackendBase):
         kwargs: dict[str, Any] = {"providers": self.providers}
         if self.disabled:
             kwargs["disabled_optimizers"] = self.disabled
-        if model.ByteSize() < _BYTES_LIMIT:
-            sess = ort.InferenceSession(
-                model.SerializeToString(), self._session_options(), **kwargs
-            )
+        if model_bytes(model).message < _BYTES_LIMIT:
+            options = self._session_options()
+            relative = relative_locations(model)
+            if relative is not None:
+                # External weights are read by ONNX Runtime from their own files, not copied
+                # into the message; it wants them relative to one folder.
+                model, folder = relative
+                options.add_session_config_entry(_WEIGHTS_FOLDER, str(folder))
+            sess = ort.InferenceSession(model.SerializeToString(), options, **kwargs)
             return self._infer(sess, feeds)
         with tempfile.TemporaryDirectory(prefix="onnx-bisect-ort-") as tmp:
             path = save_model(model, Path(tmp))

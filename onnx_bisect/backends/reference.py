@@ -22,6 +22,7 @@ import onnx
 from onnx_bisect.backends.protocol import BackendBase, Tensors
 from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.errors import SpecError
+from onnx_bisect.graph.weights import with_loaded_weights
 
 __all__ = ["DTYPES", "ReferenceBackend"]
 
@@ -56,6 +57,8 @@ class ReferenceBackend(BackendBase):
 
         from onnx_bisect.backends.reference_ops import NEW_OPS
 
+        # The evaluator reads initializers from the message: external weights are loaded here.
+        model = with_loaded_weights(model)
         if self.dtype == "float64":
             from onnx_bisect.transforms.upcast import upcast_feeds, upcast_model
 

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import onnx
-from onnx import numpy_helper
 
 from onnx_bisect.engine.diagnose import Screened, screen_session
 from onnx_bisect.engine.runs import timed_run
@@ -39,6 +38,7 @@ from onnx_bisect.graph.unroll import (
     unroll_loops,
     unroll_scans,
 )
+from onnx_bisect.graph.weights import tensor_array
 from onnx_bisect.text import plural
 
 __all__ = ["MAX_DEPTH", "with_control_flow_inlined"]
@@ -272,7 +272,7 @@ def _reference_values(session: Session, model: onnx.ModelProto, names: Sequence[
     computed = []
     for name in names:
         if name in inits:
-            out[name] = numpy_helper.to_array(inits[name])
+            out[name] = tensor_array(inits[name])
         elif name in session.feeds:
             out[name] = np.asarray(session.feeds[name])
         else:

@@ -22,8 +22,9 @@ from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.compare.noise import NoiseFloor
 from onnx_bisect.compare.topk import TopKCheck, TopKSpec, topk_checks
 from onnx_bisect.engine.failure import failure_search
+from onnx_bisect.engine.float64 import Float64Run, measure_float64
 from onnx_bisect.engine.found import Found
-from onnx_bisect.engine.observe import Float64Run, Observed, measure_float64, screen
+from onnx_bisect.engine.observe import Observed, screen
 from onnx_bisect.engine.precision import precision_notes
 from onnx_bisect.engine.recorded import run_feeds
 from onnx_bisect.engine.runs import check_budget

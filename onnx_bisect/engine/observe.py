@@ -15,24 +15,19 @@ from typing import Any, TypeVar
 import numpy.typing as npt
 import onnx
 
-from onnx_bisect.backends.protocol import Backend, BackendBase, Tensors
-from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.backends.protocol import Backend, Tensors
 from onnx_bisect.compare.criterion import Comparison
-from onnx_bisect.compare.noise import fp32_noise
 from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.engine.runs import plan_chunks, run_pair, timed_run
 from onnx_bisect.engine.session import Session
 from onnx_bisect.engine.store import TensorStore
-from onnx_bisect.errors import BackendError, BackendUnavailableError
+from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.extract import with_outputs
 from onnx_bisect.text import plural
 
 __all__ = [
-    "FLOAT64_ORACLES",
-    "Float64Run",
     "Observed",
     "answered",
-    "measure_float64",
     "probe_runs",
     "scan",
     "screen",
@@ -144,63 +139,3 @@ def scan(session: Session, store: TensorStore, *, observe_target: bool = True) -
             if name in outputs and name in tgt_out:
                 finals[name] = tgt_out[name]
     return Observed(comparisons, finals)
-
-
-# The float64 oracle, best first, each with its own fp32 twin (whose distance from float64 is
-# the noise bound that tells a wrong reference from a noisy one): torch computes every op in
-# float64 in a fraction of a second; onnx.reference is slower (BatchNormalization corrected
-# in backends/reference.py).
-FLOAT64_ORACLES = (("torch:cpu?dtype=float64", "torch:cpu"), ("ref?dtype=float64", "ref"))
-
-
-@dataclass(frozen=True)
-class Float64Run:
-    """The oracle's float64 value of every probe, and its fp32 twin's rel_l2 from them."""
-
-    values: TensorStore
-    oracle_noise: Mapping[str, float]
-
-
-def measure_float64(session: Session) -> Float64Run:
-    """Every probe computed in float64 by the first oracle that runs the model here."""
-    why_not: list[str] = []
-    for spec, twin in FLOAT64_ORACLES:
-        try:
-            backend, fp32 = create_backend(spec), create_backend(twin)
-            run = _float64_probes(session, backend, fp32)
-        except (BackendUnavailableError, BackendError) as exc:
-            why_not.append(f"{spec}: {exc}")
-            log.info("float64 oracle %s not used: %s", spec, exc)
-            continue
-        note = f"--threshold auto: float64 values from {backend.describe()}"
-        if why_not:
-            note += f" ({'; '.join(why_not)})"
-        session.notes.append(note)
-        session.notes += [
-            n for b in (backend, fp32) if isinstance(b, BackendBase) for n in b.notes()
-        ]
-        return run
-    raise BackendError("no float64 oracle could run the model: " + "; ".join(why_not))
-
-
-def _float64_probes(session: Session, backend: Backend, fp32: Backend) -> Float64Run:
-    s, loaded = session, session.loaded
-    store = s.store("float64", factor=2)
-    noise: dict[str, float] = {}
-    doubled = {k: None if v is None else 2 * v for k, v in s.sizes.items()}
-
-    def run(marked: onnx.ModelProto) -> tuple[Tensors, Tensors]:
-        return (
-            timed_run(backend, marked, s.feeds, "float64", s.stats),
-            timed_run(fp32, marked, s.feeds, "float64", s.stats),
-        )
-
-    for chunk, (out, out32) in probe_runs(loaded.model, loaded.probes, doubled, s.budget, run):
-        for name in chunk:
-            store.put(name, out[name])
-            single = out32.get(name)
-            measured = None if single is None else fp32_noise(out[name], single)
-            if measured is not None:
-                noise[name] = measured
-    log.debug("float64 reference: %s", plural(len(loaded.probes), "tensor"))
-    return Float64Run(store, noise)

@@ -44,6 +44,12 @@ class TensorStore:
         np.save(path, np.asarray(value, order="C"), allow_pickle=False)  # keeps 0-d shapes
         self._files[name] = path
 
+    def adopt(self, name: str, path: Path, meta: TensorMeta) -> None:
+        """``path``, an .npy file written elsewhere (the float64 oracle's process), as the
+        value of ``name``: mapped on use like our own files, never copied."""
+        self._meta[name] = meta
+        self._files[name] = path
+
     def get(self, name: str) -> npt.NDArray[Any]:
         if name in self._arrays:
             return self._arrays[name]

@@ -16,8 +16,9 @@ from pathlib import Path
 import onnx
 
 from onnx_bisect.errors import ModelLoadError
-from onnx_bisect.graph.sizes import PROTO_LIMIT
+from onnx_bisect.graph.sizes import model_bytes
 from onnx_bisect.graph.view import LoadedModel, NodeInfo, NotProbed
+from onnx_bisect.graph.weights import resolve_locations
 
 __all__ = ["load_model", "name_nodes"]
 
@@ -74,18 +75,15 @@ def _load_path(path: Path, notes: list[str]) -> onnx.ModelProto:
     if path.is_dir():
         raise ModelLoadError(f"{path} is a directory; pass the .onnx file")
     try:
-        # Weights stay on disk until shape inference is done, so a >2 GB model never has to
-        # pass through a single protobuf message.
+        # External weights stay on disk (graph/weights.py): the message stays small whatever
+        # the model's size, and nothing is read that no run needs.
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises several unrelated types for garbage input
         raise ModelLoadError(f"{path}: not a valid ONNX model ({_first_line(exc)})") from exc
     if not proto.graph.node and not proto.opset_import:
         raise ModelLoadError(f"{path}: not a valid ONNX model (empty or not a ModelProto)")
     proto = _infer_shapes(proto, path, notes)
-    try:
-        onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
-    except Exception as exc:
-        raise ModelLoadError(f"{path}: cannot load external data ({_first_line(exc)})") from exc
+    resolve_locations(proto, path.parent, str(path))
     return proto
 
 
@@ -105,10 +103,14 @@ def _clear_unknown_dims(graph: onnx.GraphProto, notes: list[str]) -> None:
 def _infer_shapes(proto: onnx.ModelProto, path: Path | None, notes: list[str]) -> onnx.ModelProto:
     _clear_unknown_dims(proto.graph, notes)
     try:
-        if proto.ByteSize() < PROTO_LIMIT:
+        if model_bytes(proto).fits:
             return onnx.shape_inference.infer_shapes(proto, data_prop=True)
         if path is None:
-            notes.append("shape inference skipped: in-memory model over 2 GB")
+            # Every run that needs a file then writes its weights again: a path avoids both.
+            notes.append(
+                "shape inference skipped: in-memory model over 2 GB (give its path, with the "
+                "weights in external data, to keep them on disk)"
+            )
             return proto
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "inferred.onnx"

@@ -1,31 +1,53 @@
-"""Writing a model for a runtime, with external data when one file cannot hold it."""
+"""Writing a model: for a runtime (weights shared by hard links) or to keep (weights copied)."""
 
 from __future__ import annotations
 
+import glob
 from pathlib import Path
 
 import onnx
 
-from onnx_bisect.graph.sizes import PROTO_LIMIT
+from onnx_bisect.graph.sizes import model_bytes
+from onnx_bisect.graph.weights import place_weights
 
-__all__ = ["save_model"]
+__all__ = ["save_model", "save_portable"]
 
 
 def save_model(model: onnx.ModelProto, directory: Path, name: str = "model.onnx") -> Path:
-    """Write a model for a runtime; weights go to ``<name>.data`` when one file can't hold it."""
+    """Write a model for a runtime to read once: its external weight files hard-linked beside
+    it (a run costs no copy of the weights), inline weights too large for one message moved
+    to a file of their own."""
+    return _save(model, directory, name, link=True)
+
+
+def save_portable(model: onnx.ModelProto, directory: Path, name: str = "model.onnx") -> Path:
+    """Write a model that stands alone (a repro bundle): the bytes of the external tensors it
+    uses copied into ``<name>.data``, so that it travels without the original weight file;
+    inline weights too large for one message go there too."""
+    return _save(model, directory, name, link=False)
+
+
+def _save(model: onnx.ModelProto, directory: Path, name: str, *, link: bool) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
-    large = model.ByteSize() >= PROTO_LIMIT
-    if large:
-        # save_model moves the weights out of the message it is given; keep the caller's intact.
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        model = copy
+    # A model written again in the same place (a bundle's next candidate) leaves no weight file
+    # of the last one behind, and onnx, which appends to its data file, starts afresh.
+    for old in directory.glob(f"{glob.escape(name)}*.data"):
+        old.unlink()
+    placed = place_weights(model, directory, name, link=link)
+    large = not model_bytes(placed).fits
+    # onnx appends to the file it is given: beside a hard link to the user's weights that
+    # must be a file of its own; a portable model's copied weights may take the rest.
+    spill = directory / (f"{name}.inline.data" if link else f"{name}.data")
+    if large and placed is model:
+        # onnx.save_model moves weights out of the message it is given; keep the caller's.
+        placed = onnx.ModelProto()
+        placed.CopyFrom(model)
     onnx.save_model(
-        model,
+        placed,
         str(path),
         save_as_external_data=large,
         all_tensors_to_one_file=True,
-        location=f"{name}.data",
+        location=spill.name,
     )
     return path

@@ -32,6 +32,7 @@ from onnx_bisect.engine.session import Session
 from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.errors import BackendCrash, BackendError
 from onnx_bisect.graph.extract import prefix_model, window_model
+from onnx_bisect.graph.save import save_portable
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
 from onnx_bisect.repro.script import render_repro_script
 from onnx_bisect.repro.verify import diverged_outputs, output_tail, rerun_in_process, run_bundle
@@ -44,7 +45,7 @@ __all__ = ["BUNDLE_FILES", "BundleJob", "build_bundle", "write_repro"]
 DATA_DIR = "test_data_set_0"
 # What a bundle directory holds (README.md and issue.md come from report/files.py): what
 # ``reduce --out DIR`` replaces in DIR on a rerun.
-BUNDLE_FILES = ("model.onnx", "repro.py", DATA_DIR, "README.md", "issue.md")
+BUNDLE_FILES = ("model.onnx", "model.onnx.data", "repro.py", DATA_DIR, "README.md", "issue.md")
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +272,9 @@ def _finish(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _write(out_dir: Path, built: _Built, script: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(built.model, str(out_dir / "model.onnx"))
+    # The weights it uses are copied in (a bundle travels without the model), into
+    # model.onnx.data when the model's were external or do not fit one message.
+    save_portable(built.model, out_dir)
     data = out_dir / DATA_DIR
     if data.exists():
         for old in data.glob("*.pb"):

@@ -311,6 +311,9 @@ def _ort_runner(spec: Spec) -> Runner:
             copy = _lowered_ir(model, str(exc), f"onnxruntime {ort.__version__}")
             if copy is None:
                 raise
+            # Given as bytes, the copy finds its weights (model.onnx.data) beside the bundle's.
+            folder = str(model_path.parent.resolve())
+            options.add_session_config_entry(_WEIGHTS_FOLDER, folder)
             session = ort.InferenceSession(copy.SerializeToString(), options, **kwargs)
         names = [o.name for o in session.get_outputs()]
         wanted = {i.name for i in session.get_inputs()}
@@ -320,6 +323,7 @@ def _ort_runner(spec: Spec) -> Runner:
     return run
 
 
+_WEIGHTS_FOLDER = "session.model_external_initializers_file_folder_path"
 _IR_REFUSED = re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)")
 
 
@@ -379,6 +383,9 @@ def _ref_runner(spec: Spec) -> Runner:
     def run(model_path: Path, model: onnx.ModelProto, feeds: Tensors) -> Tensors:
         from onnx.reference import ReferenceEvaluator
 
+        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+            # The evaluator reads weights from the message: model.onnx.data is loaded.
+            model = onnx.load(str(model_path))
         if upcast is not None:
             model, feeds = upcast[0](model), upcast[1](feeds)
         evaluator = ReferenceEvaluator(model, new_ops=corrections)
@@ -648,7 +655,8 @@ def load_bundle(directory: Path) -> Bundle:
             f"no model.onnx in {directory}; run the repro.py of a bundle, or pass --dir BUNDLE"
         )
     try:
-        model = onnx.load(str(model_path))
+        # Weights stay in model.onnx.data, if any, for the runtimes to read from the file.
+        model = onnx.load(str(model_path), load_external_data=False)
     except Exception as exc:
         raise UsageError(f"{model_path} is not a readable ONNX model ({_one_line(exc)})") from None
     data = directory / "test_data_set_0"

@@ -16,6 +16,7 @@ from onnx_bisect.backends.protocol import Backend
 from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.errors import BackendCrash, BackendError
+from onnx_bisect.graph.weights import read_model
 from onnx_bisect.process import run_child
 
 __all__ = [
@@ -41,7 +42,7 @@ def load_bundle(
     bundle: Path,
 ) -> tuple[onnx.ModelProto, dict[str, npt.NDArray[Any]], dict[str, npt.NDArray[Any]]]:
     """The model, inputs and expected outputs of a bundle, read back from its files."""
-    model = onnx.load(str(bundle / "model.onnx"))
+    model = read_model(bundle / "model.onnx")
     data = bundle / "test_data_set_0"
 
     def read(prefix: str) -> dict[str, npt.NDArray[Any]]:

@@ -8,10 +8,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import onnx
-
 from onnx_bisect.errors import SpecError
 from onnx_bisect.graph.save import save_model
+from onnx_bisect.graph.weights import read_model, with_loaded_weights
 from onnx_bisect.transforms.registry import EXIT_FAILED, EXIT_SPEC, parse_transform, transform_kinds
 
 __all__ = ["main"]
@@ -22,7 +21,8 @@ def main(argv: Sequence[str]) -> int:
     src, out, text, shapes = argv
     try:
         parsed = parse_transform(text)
-        model = onnx.load(src)
+        # Optimizers and converters read weights from the message.
+        model = with_loaded_weights(read_model(Path(src)))
         result, notes = transform_kinds()[parsed.name].apply(model, parsed.arg, json.loads(shapes))
         save_model(result, Path(out))
         (Path(out) / "notes.json").write_text(json.dumps(list(notes)))

@@ -18,9 +18,10 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 import torch
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from onnx_bisect.errors import BackendError
+from onnx_bisect.graph.weights import tensor_array
 
 __all__ = [
     "SUPPORTED_TYPES",
@@ -145,7 +146,7 @@ def attributes(node: onnx.NodeProto) -> dict[str, Any]:
         if isinstance(value, bytes):
             value = value.decode()
         elif isinstance(value, onnx.TensorProto):
-            value = numpy_helper.to_array(value)
+            value = tensor_array(value)
         elif isinstance(value, list) and value and isinstance(value[0], bytes):
             value = [v.decode() for v in value]
         out[attr.name] = value

@@ -21,6 +21,7 @@ from onnx_bisect.backends.torch.context import OpContext, attributes, cpu_channe
 from onnx_bisect.backends.torch.ops import lookup
 from onnx_bisect.backends.torch.ops.registry import OpFn, UnsupportedOperator
 from onnx_bisect.errors import BackendError
+from onnx_bisect.graph.weights import tensor_array
 
 __all__ = ["Program", "WeightCache", "referenced_names"]
 
@@ -149,7 +150,7 @@ class WeightCache:
     def get(self, proto: onnx.TensorProto, ctx: OpContext) -> torch.Tensor:
         raw = proto.raw_data if proto.HasField("raw_data") else None
         if raw is None or proto.data_location == onnx.TensorProto.EXTERNAL:
-            return cpu_channels_last(ctx.tensor(numpy_helper.to_array(proto)))
+            return cpu_channels_last(ctx.tensor(tensor_array(proto)))
         key = (proto.name, proto.data_type, tuple(proto.dims), ctx.device, ctx.policy)
         hit = self._kept.get(key)
         if hit is not None and hit[0] == raw:

@@ -1,0 +1,168 @@
+"""The float64 oracle: every probe in float64, and the fp32 noise of its twin, for noise floors.
+
+torch computes it in its own process (``float64_child``: its import then costs this process
+nothing); ``onnx.reference`` in float64 is the fallback, in this process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from onnx_bisect.backends.protocol import Backend, BackendBase, Tensors
+from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.compare.noise import fp32_noise
+from onnx_bisect.engine import float64_child
+from onnx_bisect.engine.float64_job import ORACLE, TWIN
+from onnx_bisect.engine.observe import probe_runs
+from onnx_bisect.engine.runs import plan_chunks, timed_run
+from onnx_bisect.engine.session import Session
+from onnx_bisect.engine.store import TensorStore
+from onnx_bisect.errors import BackendError, BackendUnavailableError
+from onnx_bisect.graph.save import save_model
+from onnx_bisect.graph.sizes import PROTO_LIMIT, model_bytes
+from onnx_bisect.graph.view import TensorMeta
+from onnx_bisect.inputs.feeds import save_npz
+from onnx_bisect.text import plural
+
+__all__ = ["FLOAT64_MAX_WEIGHTS", "FLOAT64_ORACLES", "Float64Run", "measure_float64"]
+
+log = logging.getLogger(__name__)
+
+# The float64 oracle, best first, each with its own fp32 twin (whose distance from float64 is
+# the noise bound that tells a wrong reference from a noisy one): torch computes every op in
+# float64 in a fraction of a second; onnx.reference is slower (BatchNormalization corrected
+# in backends/reference.py).
+FLOAT64_ORACLES = (
+    (ORACLE, TWIN),
+    ("ref?dtype=float64", "ref"),
+)
+
+# Above this many bytes of weights the oracle is not run: it holds the weights in float64 and
+# in its fp32 twin (3× the model), beside the reference and the target (1× each), where a
+# diagnosis of a model over 2 GB should stay near 2× its weights.
+FLOAT64_MAX_WEIGHTS = PROTO_LIMIT
+
+# Above this many bytes of weights the model is not copied for the child: the oracle runs
+# here instead (writing gigabytes would cost more than torch's import).
+CHILD_MAX_WEIGHTS = 512 << 20
+
+
+@dataclass(frozen=True)
+class Float64Run:
+    """The oracle's float64 value of every probe, and its fp32 twin's rel_l2 from them."""
+
+    values: TensorStore
+    oracle_noise: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class _Measured:
+    run: Float64Run
+    describe: str
+    notes: tuple[str, ...]
+
+
+def measure_float64(session: Session) -> Float64Run:
+    """Every probe computed in float64 by the first oracle that runs the model here."""
+    weights = model_bytes(session.loaded.model).weights
+    if weights > FLOAT64_MAX_WEIGHTS:
+        raise BackendError(
+            f"not measured for a model with {weights / 1e9:.1f} GB of weights, which float64 "
+            f"copies would double"
+        )
+    why_not: list[str] = []
+    for spec, twin in FLOAT64_ORACLES:
+        try:
+            if spec == ORACLE and _child_can_run(session):
+                measured = _in_child(session)
+            else:
+                measured = _here(session, spec, twin)
+        except (BackendUnavailableError, BackendError) as exc:
+            why_not.append(f"{spec}: {exc}")
+            log.info("float64 oracle %s not used: %s", spec, exc)
+            continue
+        note = f"--threshold auto: float64 values from {measured.describe}"
+        if why_not:
+            note += f" ({'; '.join(why_not)})"
+        session.notes.append(note)
+        session.notes += measured.notes
+        return measured.run
+    raise BackendError("no float64 oracle could run the model: " + "; ".join(why_not))
+
+
+def _here(session: Session, spec: str, twin: str) -> _Measured:
+    backend, fp32 = create_backend(spec), create_backend(twin)
+    run = _float64_probes(session, backend, fp32)
+    notes = [n for b in (backend, fp32) if isinstance(b, BackendBase) for n in b.notes()]
+    return _Measured(run, backend.describe(), tuple(notes))
+
+
+def _float64_probes(session: Session, backend: Backend, fp32: Backend) -> Float64Run:
+    s, loaded = session, session.loaded
+    store = s.store("float64", factor=2)
+    noise: dict[str, float] = {}
+
+    def run(marked: onnx.ModelProto) -> tuple[Tensors, Tensors]:
+        return (
+            timed_run(backend, marked, s.feeds, "float64", s.stats),
+            timed_run(fp32, marked, s.feeds, "float64", s.stats),
+        )
+
+    for chunk, (out, out32) in probe_runs(loaded.model, loaded.probes, _doubled(s), s.budget, run):
+        for name in chunk:
+            store.put(name, out[name])
+            single = out32.get(name)
+            measured = None if single is None else fp32_noise(out[name], single)
+            if measured is not None:
+                noise[name] = measured
+    log.debug("float64 reference: %s", plural(len(loaded.probes), "tensor"))
+    return Float64Run(store, noise)
+
+
+def _doubled(session: Session) -> dict[str, int | None]:
+    return {k: None if v is None else 2 * v for k, v in session.sizes.items()}
+
+
+def _child_can_run(session: Session) -> bool:
+    weights = model_bytes(session.loaded.model).weights
+    numeric = all(v.dtype.kind in "biufc" for v in session.feeds.values())
+    return weights <= CHILD_MAX_WEIGHTS and numeric
+
+
+def _in_child(session: Session) -> _Measured:
+    """The torch oracle in its own process (prewarmed by the console script, if it was)."""
+    s = session
+    work = s.scratch / "float64-child"
+    work.mkdir(parents=True, exist_ok=True)
+    model_path = save_model(s.loaded.model, work)
+    save_npz(work / "feeds.npz", s.feeds)
+    job = {
+        "model": str(model_path),
+        "feeds": str(work / "feeds.npz"),
+        "chunks": plan_chunks(s.loaded.probes, _doubled(s), s.budget),
+        "out": str(work / "values"),
+    }
+    child = float64_child.take_child()
+    try:
+        answer = child.compute(job)
+    except ChildProcessError as exc:
+        raise BackendError(str(exc)) from exc
+    finally:
+        child.close()
+    if "error" in answer:
+        error = BackendUnavailableError if answer["kind"] == "unavailable" else BackendError
+        raise error(answer["error"])
+    done = answer["ok"]
+    for seconds in done["seconds"]:
+        s.stats.record("float64", seconds)
+    store = TensorStore(None)
+    for name, (path, dtype, shape) in done["files"].items():
+        store.adopt(name, Path(path), TensorMeta(np.dtype(dtype), tuple(shape)))
+    run = Float64Run(store, done["noise"])
+    return _Measured(run, done["describe"], tuple(done["notes"]))

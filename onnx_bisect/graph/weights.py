@@ -1,0 +1,298 @@
+"""Weights in external files: left on disk, addressed by absolute path while in memory.
+
+A loaded model never holds external data in its message (``resolve_locations`` turns each
+``location`` into the file's absolute path instead), so a model with gigabytes of weights is a
+message of a few kB: it can be copied, cut, marked and serialized like any other, and protobuf's
+2 GB limit never comes near. The files are touched only where bytes are needed:
+
+- a runtime that reads a file gets one written by ``place_weights`` with ``link=True``: the
+  weight files hard-linked next to it (runtimes refuse absolute paths, ``..`` and symlinks
+  alike), so each run costs a link, not a copy of the weights (a few MB are copied instead);
+- a bundle that must travel gets ``link=False``: the bytes of the tensors it uses, copied;
+- in-process evaluators read values with ``tensor_array`` or ``with_loaded_weights``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy.typing as npt
+import onnx
+from onnx import numpy_helper
+
+from onnx_bisect.errors import ModelLoadError
+
+__all__ = [
+    "ExternalRef",
+    "LINK_MIN_BYTES",
+    "all_tensors",
+    "external_ref",
+    "has_external",
+    "place_weights",
+    "read_model",
+    "relative_locations",
+    "resolve_locations",
+    "tensor_array",
+    "with_loaded_weights",
+]
+
+log = logging.getLogger(__name__)
+
+# Copied data starts on this boundary, so that a runtime may map each tensor.
+_ALIGN = 4096
+# Below this many bytes from one file a run gets a copy instead of a hard link: the copy costs
+# nothing worth saving, and a plain file is what ``onnx.load`` accepts (it refuses a file with
+# two links as a "hardlink attack", the user's own included while a link exists).
+LINK_MIN_BYTES = 64 << 20
+_COPY_CHUNK = 64 << 20
+
+
+def all_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto of the model: initializers, sparse ones' values and indices,
+    attribute tensors, in the graph, its subgraphs and the model's functions."""
+    yield from _graph_tensors(model.graph)
+    for fn in model.functions:
+        for node in fn.node:
+            yield from _node_tensors(node)
+
+
+def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
+    for node in graph.node:
+        yield from _node_tensors(node)
+
+
+def _node_tensors(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
+    for attr in node.attribute:
+        if attr.HasField("t"):
+            yield attr.t
+        yield from attr.tensors
+        if attr.HasField("sparse_tensor"):
+            yield from (attr.sparse_tensor.values, attr.sparse_tensor.indices)
+        if attr.HasField("g"):
+            yield from _graph_tensors(attr.g)
+        for g in attr.graphs:
+            yield from _graph_tensors(g)
+
+
+def _is_external(t: onnx.TensorProto) -> bool:
+    return t.data_location == onnx.TensorProto.EXTERNAL
+
+
+def has_external(model: onnx.ModelProto) -> bool:
+    return any(_is_external(t) for t in all_tensors(model))
+
+
+@dataclass(frozen=True)
+class ExternalRef:
+    """Where an external tensor's bytes are: ``path`` as stored (absolute once resolved)."""
+
+    path: Path
+    offset: int
+    length: int
+
+
+def external_ref(t: onnx.TensorProto) -> ExternalRef:
+    """The tensor's file, offset and length; a length left out means the rest of the file
+    (as ``onnx.load`` reads it) and is filled in from the file's size."""
+    info = {e.key: e.value for e in t.external_data}
+    path = Path(info.get("location", ""))
+    offset = int(info.get("offset") or 0)
+    length = info.get("length")
+    if length is None:
+        return ExternalRef(path, offset, max(0, path.stat().st_size - offset))
+    return ExternalRef(path, offset, int(length))
+
+
+def _set_ref(t: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    # A recorded basepath would no longer hold; a checksum of the same bytes still does.
+    replaced = ("location", "offset", "length", "basepath")
+    kept = [e for e in t.external_data if e.key not in replaced]
+    del t.external_data[:]
+    t.external_data.add(key="location", value=location)
+    t.external_data.add(key="offset", value=str(offset))
+    t.external_data.add(key="length", value=str(length))
+    t.external_data.extend(kept)
+
+
+def resolve_locations(model: onnx.ModelProto, base: Path, source: str) -> None:
+    """In place: every external tensor's location made absolute against ``base`` (the model
+    file's directory), after checking that it stays inside ``base`` and that its bytes are
+    there. ``source`` names the model in the error: a missing or short weight file fails
+    here, in one line, not in a runtime."""
+    for t in all_tensors(model):
+        if not _is_external(t):
+            continue
+        location = next((e.value for e in t.external_data if e.key == "location"), "")
+        if not location:
+            raise ModelLoadError(f"{source}: tensor {t.name!r} is external but names no file")
+        path = (base / location).resolve()
+        if not path.is_relative_to(base.resolve()):
+            # The rule every runtime applies (ONNX Runtime, OpenVINO, tract): a model may not
+            # point at files outside its directory, by path or by symlink.
+            raise ModelLoadError(
+                f"{source}: tensor {t.name!r} is stored in {location}, outside the model's "
+                "directory; move the weight file next to the model"
+            )
+        if not path.is_file():
+            raise ModelLoadError(
+                f"{source}: cannot load external data: tensor {t.name!r} is stored in "
+                f"{location}, which is not a file next to the model ({path})"
+            )
+        for entry in t.external_data:
+            if entry.key == "location":
+                entry.value = str(path)
+    _check_extents(model, source)
+
+
+def read_model(path: Path) -> onnx.ModelProto:
+    """The model file at ``path`` with its external weights located, not read: for a child
+    process handed a model this package wrote (whose weight files may be hard links, which
+    ``onnx.load`` refuses as a "hardlink attack")."""
+    model = onnx.load(str(path), load_external_data=False)
+    resolve_locations(model, path.parent, str(path))
+    return model
+
+
+def _check_extents(model: onnx.ModelProto, source: str) -> None:
+    for t in all_tensors(model):
+        if not _is_external(t):
+            continue
+        ref = external_ref(t)
+        size = ref.path.stat().st_size
+        if ref.offset + ref.length > size:
+            raise ModelLoadError(
+                f"{source}: cannot load external data: tensor {t.name!r} needs bytes "
+                f"{ref.offset}..{ref.offset + ref.length} of {ref.path.name}, which has {size}"
+            )
+
+
+def _read(ref: ExternalRef) -> bytes:
+    with ref.path.open("rb") as f:
+        f.seek(ref.offset)
+        data = f.read(ref.length)
+    if len(data) != ref.length:
+        raise ModelLoadError(f"{ref.path}: ended after {len(data)} of {ref.length} bytes")
+    return data
+
+
+def _loaded(t: onnx.TensorProto) -> onnx.TensorProto:
+    """A copy of ``t`` with its external bytes read into ``raw_data``."""
+    out = onnx.TensorProto()
+    out.CopyFrom(t)
+    if _is_external(t):
+        out.raw_data = _read(external_ref(t))
+        del out.external_data[:]
+        out.data_location = onnx.TensorProto.DEFAULT
+    return out
+
+
+def tensor_array(t: onnx.TensorProto) -> npt.NDArray[Any]:
+    """The tensor's value, read from its file when it is external (the location resolved)."""
+    return numpy_helper.to_array(_loaded(t) if _is_external(t) else t)
+
+
+def with_loaded_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy holding every external tensor's bytes, for an evaluator that reads the message
+    (onnx.reference); the model itself is returned when nothing is external."""
+    if not has_external(model):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for t in all_tensors(out):
+        if _is_external(t):
+            t.CopyFrom(_loaded(t))
+    return out
+
+
+def relative_locations(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Path] | None:
+    """A copy whose external locations are relative to one directory, and that directory:
+    what ONNX Runtime takes with a model given as bytes. None when nothing is external."""
+    paths = {external_ref(t).path for t in all_tensors(model) if _is_external(t)}
+    if not paths:
+        return None
+    folder = Path(os.path.commonpath([str(p.parent) for p in paths]))
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for t in all_tensors(out):
+        if _is_external(t):
+            ref = external_ref(t)
+            _set_ref(t, str(ref.path.relative_to(folder)), ref.offset, ref.length)
+    return out, folder
+
+
+def place_weights(
+    model: onnx.ModelProto, directory: Path, name: str, *, link: bool
+) -> onnx.ModelProto:
+    """A copy of ``model`` to be written as ``directory/name``, its external tensors in files
+    beside it (``name.data``, ``name.1.data``, ... one per source file), located relatively.
+
+    ``link``: hard-link each source file of which the model uses ``LINK_MIN_BYTES`` or more,
+    so that no weight byte is copied; where the file system refuses (another device, a file
+    we may not link), for less, or without ``link``, the bytes of the tensors this model uses
+    are copied.
+    """
+    if not has_external(model):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    groups: dict[Path, list[onnx.TensorProto]] = {}
+    for t in all_tensors(out):
+        if _is_external(t):
+            groups.setdefault(external_ref(t).path, []).append(t)
+    for i, (source, tensors) in enumerate(groups.items()):
+        target = directory / (f"{name}.data" if i == 0 else f"{name}.{i}.data")
+        used = sum(external_ref(t).length for t in tensors)
+        if link and used >= LINK_MIN_BYTES and _hard_link(source, target):
+            for t in tensors:
+                ref = external_ref(t)
+                _set_ref(t, target.name, ref.offset, ref.length)
+            continue
+        with target.open("wb") as f:
+            for t in tensors:
+                ref = external_ref(t)
+                f.write(b"\0" * (-f.tell() % _ALIGN))
+                start = f.tell()
+                _copy_range(ref, f)
+                _set_ref(t, target.name, start, ref.length)
+    return out
+
+
+_warned_copy = False
+
+
+def _hard_link(source: Path, target: Path) -> bool:
+    global _warned_copy
+    try:
+        os.link(source, target)
+    except OSError as exc:
+        if not _warned_copy:
+            _warned_copy = True
+            log.warning(
+                "cannot hard-link %s into %s (%s): the weights each run uses are copied; a "
+                "TMPDIR on the model's file system avoids that",
+                source,
+                target.parent,
+                exc.strerror or exc,
+            )
+        return False
+    return True
+
+
+def _copy_range(ref: ExternalRef, dest: BinaryIO) -> None:
+    with ref.path.open("rb") as src:
+        src.seek(ref.offset)
+        left = ref.length
+        while left:
+            chunk = src.read(min(left, _COPY_CHUNK))
+            if not chunk:
+                raise ModelLoadError(f"{ref.path}: ended {left} bytes early")
+            dest.write(chunk)
+            left -= len(chunk)
