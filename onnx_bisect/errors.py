@@ -10,6 +10,7 @@ __all__ = [
     "ModelLoadError",
     "OnnxBisectError",
     "SpecError",
+    "WorkerCrash",
 ]
 
 
@@ -69,3 +70,12 @@ class BackendError(OnnxBisectError):
 
 class BackendCrash(BackendError):
     """The backend's process died (a signal) or hung past the timeout: it did not just fail."""
+
+
+class WorkerCrash(BackendCrash):
+    """A worker process running tasks in parallel died; ``index`` is the task it was running,
+    when that is known."""
+
+    def __init__(self, message: str, *, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
