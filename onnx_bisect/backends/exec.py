@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 import onnx
 
@@ -27,6 +26,7 @@ from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.errors import BackendCrash, BackendError, SpecError
 from onnx_bisect.graph.save import save_model
 from onnx_bisect.inputs.feeds import save_npz
+from onnx_bisect.inputs.npz import read_npz
 from onnx_bisect.process import run_child
 
 __all__ = ["DISABLE", "NOTE_PREFIX", "ExecBackend", "ExecPasses", "PLACEHOLDERS"]
@@ -99,8 +99,7 @@ class ExecBackend(BackendBase):
             for line in _text(proc.stderr).splitlines():
                 if line.startswith(NOTE_PREFIX):
                     self._note(line.removeprefix(NOTE_PREFIX).strip(), once=True)
-            with np.load(out_path, allow_pickle=False) as z:
-                return {k: z[k] for k in z.files}
+            return read_npz(out_path)
 
     def pass_control(self, declared: Sequence[str]) -> PassControl | None:
         """Its passes, when its command takes ``{disable}`` and the user named them."""

@@ -173,7 +173,7 @@ def _in_child(session: Session, names: Sequence[str] | None = None) -> _Measured
     for seconds in done["seconds"]:
         s.stats.record("float64", seconds)
     store = TensorStore(None)
-    for name, (path, dtype, shape) in done["files"].items():
-        store.adopt(name, Path(path), TensorMeta(np.dtype(dtype), tuple(shape)))
+    for name, (path, offset, dtype, shape) in done["files"].items():
+        store.adopt(name, Path(path), TensorMeta(np.dtype(dtype), tuple(shape)), offset)
     run = Float64Run(store, done["noise"])
     return _Measured(run, done["describe"], tuple(done["notes"]))

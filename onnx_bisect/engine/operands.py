@@ -33,7 +33,7 @@ def reference_fed(
     feeds that give it the reference's operands: the model inputs it reads, and for every tensor
     cut off the reference's value in the model's own dtype. ``cut`` gets the fed tensors' types
     and the small constants to embed; it returns the model and its feed map."""
-    metas, constants = reference_operands(loaded, store, [t for n in nodes for t in n.inputs])
+    metas, constants = reference_operands(loaded, store, nodes)
     model, fed = cut(metas, constants)
     used = {i.name for i in model.graph.input}
     out = {k: v for k, v in feeds.items() if k in used}
@@ -42,11 +42,15 @@ def reference_fed(
 
 
 def reference_operands(
-    loaded: LoadedModel, store: TensorStore, needed: Sequence[str]
+    loaded: LoadedModel, store: TensorStore, nodes: Sequence[NodeInfo]
 ) -> tuple[dict[str, TensorMeta], dict[str, npt.NDArray[Any]]]:
-    """Types for the fed reference tensors, and the values to embed as constants, both in the
-    model's own dtypes (a float64 reference must still feed a float32 kernel)."""
-    metas = {t: loaded.fed_meta(t, m) for t, m in store.metas.items()}
+    """Types of the reference tensors ``nodes`` read and write, and the values to embed as
+    constants, both in the model's own dtypes (a float64 reference must still feed a float32
+    kernel). Only these nodes' tensors: typing the whole store per batch made isolation
+    quadratic in the node count."""
+    touched = dict.fromkeys(t for n in nodes for t in (*n.inputs, *n.implicit_inputs, *n.outputs))
+    metas = {t: loaded.fed_meta(t, store.meta(t)) for t in touched if t in store}
+    needed = [t for n in nodes for t in n.inputs]
     constants = {t: loaded.as_fed(t, store.get(t)) for t in needed if is_constant(t, loaded, store)}
     return metas, constants
 

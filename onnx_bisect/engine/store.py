@@ -30,6 +30,8 @@ class TensorStore:
         self._files: dict[str, Path] = {}
         self._arrays: dict[str, npt.NDArray[Any]] = {}
         self._meta: dict[str, TensorMeta] = {}
+        self._packed: dict[str, tuple[Path, int]] = {}
+        self._maps: dict[Path, np.memmap[Any, np.dtype[np.uint8]]] = {}
         self._count = 0
 
     def put(self, name: str, value: npt.NDArray[Any]) -> None:
@@ -44,17 +46,36 @@ class TensorStore:
         np.save(path, np.asarray(value, order="C"), allow_pickle=False)  # keeps 0-d shapes
         self._files[name] = path
 
-    def adopt(self, name: str, path: Path, meta: TensorMeta) -> None:
+    def adopt(self, name: str, path: Path, meta: TensorMeta, offset: int | None = None) -> None:
         """``path``, an .npy file written elsewhere (the float64 oracle's process), as the
-        value of ``name``: mapped on use like our own files, never copied."""
+        value of ``name``: mapped on use like our own files, never copied. With ``offset``,
+        ``path`` packs many values as raw bytes and this one starts there: the file is mapped
+        once for all of them (a file per tensor cost an open and a map per lookup, and as
+        long to delete: 20,000 of them took minutes on this machine)."""
         self._meta[name] = meta
-        self._files[name] = path
+        if offset is None:
+            self._files[name] = path
+        else:
+            self._packed[name] = (path, offset)
 
     def get(self, name: str) -> npt.NDArray[Any]:
         if name in self._arrays:
             return self._arrays[name]
+        if name in self._packed:
+            return self._unpacked(name)
         arr: npt.NDArray[Any] = np.load(self._files[name], mmap_mode="r", allow_pickle=False)
         return arr
+
+    def _unpacked(self, name: str) -> npt.NDArray[Any]:
+        path, offset = self._packed[name]
+        m = self._meta[name]
+        size = self.nbytes(name)
+        if not size:  # an empty file cannot be mapped
+            return np.empty(m.shape, m.dtype)
+        whole = self._maps.get(path)
+        if whole is None:
+            whole = self._maps[path] = np.memmap(path, np.uint8, mode="r")
+        return whole[offset : offset + size].view(m.dtype).reshape(m.shape)
 
     def meta(self, name: str) -> TensorMeta:
         return self._meta[name]
@@ -79,4 +100,6 @@ class TensorStore:
         view._meta = {k: self._meta[v] for k, v in keep.items()}
         view._arrays = {k: self._arrays[v] for k, v in keep.items() if v in self._arrays}
         view._files = {k: self._files[v] for k, v in keep.items() if v in self._files}
+        view._packed = {k: self._packed[v] for k, v in keep.items() if v in self._packed}
+        view._maps = self._maps
         return view

@@ -32,19 +32,48 @@ __all__ = [
 
 
 def with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
-    """A copy of ``model`` whose graph outputs are exactly ``names`` (in that order)."""
-    import onnx_graphsurgeon as gs
+    """A copy of ``model`` whose graph outputs are exactly ``names`` (in that order), typed
+    where the model says their type and named only where it does not (ORT accepts both).
 
-    gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR
-    graph = gs.import_onnx(model)
-    tensors = graph.tensors()
-    unknown = [n for n in names if n not in tensors]
+    Done on the proto: onnx-graphsurgeon's import and export took 2.2 s for 20,000 nodes, a
+    copy takes a fraction of that.
+    """
+    graph = model.graph
+    typed = _typed(graph)
+    tensors = {t for n in graph.node for t in (*n.input, *n.output)} | typed.keys()
+    unknown = [n for n in names if n not in tensors or not n]
     if unknown:
         raise KeyError(f"no such tensors: {unknown}")
-    graph.outputs = [tensors[n] for n in names]
-    # Tensors whose type inference could not determine are still valid outputs for ORT.
-    out: onnx.ModelProto = gs.export_onnx(graph, do_type_check=False)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    wanted = set(names)
+    # A former output stays described in value_info; a new one is described once, as output.
+    former = [o for o in graph.output if o.name not in wanted and _has_type(o)]
+    kept = [v for v in graph.value_info if v.name not in wanted]
+    del out.graph.value_info[:]
+    out.graph.value_info.extend([*kept, *former])
+    del out.graph.output[:]
+    out.graph.output.extend(
+        typed.get(n) or helper.make_empty_tensor_value_info(n) for n in names
+    )  # fmt: skip
     return out
+
+
+def _typed(graph: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
+    """A typed ValueInfoProto per tensor of ``graph`` whose element type the graph declares."""
+    found: dict[str, onnx.ValueInfoProto] = {
+        t.name: helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+        for t in graph.initializer
+    }
+    for v in (*graph.value_info, *graph.output, *graph.input):  # the input's type wins
+        if _has_type(v):
+            found[v.name] = v
+    return found
+
+
+def _has_type(v: onnx.ValueInfoProto) -> bool:
+    kind = v.type.WhichOneof("value")
+    return kind is not None and (kind != "tensor_type" or bool(v.type.tensor_type.elem_type))
 
 
 def isolation_model(
@@ -187,7 +216,7 @@ def _extract(
         return feed_for[tensor]
 
     new_nodes: list[onnx.NodeProto] = []
-    protos = {n.name: n for n in src.node}
+    protos = loaded.node_protos
     for info in nodes:
         node = onnx.NodeProto()
         node.CopyFrom(protos[info.name])

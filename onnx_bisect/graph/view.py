@@ -93,6 +93,12 @@ class LoadedModel:
         )
 
     @cached_property
+    def node_protos(self) -> dict[str, onnx.NodeProto]:
+        """Each node's proto by name: every cut copies its nodes from here, and indexing the
+        graph per cut made isolation batches cost the whole graph each."""
+        return {n.name: n for n in self.model.graph.node}
+
+    @cached_property
     def dtypes(self) -> dict[str, np.dtype[np.generic]]:
         """Element type of every tensor shape inference typed: what a runtime expects to be
         fed, whatever precision the reference computed it in."""

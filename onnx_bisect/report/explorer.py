@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from onnx_bisect.graph.load import name_nodes
+from onnx_bisect.report.jsontext import json_text
 
 if TYPE_CHECKING:
     from onnx_bisect.compare.criterion import Comparison
@@ -211,7 +212,8 @@ def write_explorer(result: BisectResult, out_dir: Path) -> list[Path]:
     for which in OVERLAYS:
         data = overlay(result, model, which)
         if data:
-            (out_dir / which.file).write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+            # One line per node: results sit under graph id and "results".
+            (out_dir / which.file).write_text(json_text(data, expand=3, indent=1))
             written.append(out_dir / which.file)
     # The copy's path is relative: the directory is written in staging and moved.
     shown = "model.onnx" if renamed else str(path.resolve())

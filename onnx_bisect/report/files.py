@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -18,6 +17,7 @@ from onnx_bisect.inputs.feeds import save_npz
 from onnx_bisect.report.explorer import EXPLORER_DIR, write_explorer
 from onnx_bisect.report.html import render_html
 from onnx_bisect.report.issue import render_bundle_readme, render_issue
+from onnx_bisect.report.jsontext import json_text
 from onnx_bisect.report.markdown import render_markdown
 from onnx_bisect.report.outdir import Replaced, check_out_dir, replace_owned, staging_dir
 from onnx_bisect.report.plots import PLOTS_HINT, curve_png, plots_available
@@ -75,7 +75,7 @@ def write_reports(
     written: list[Path] = []
     if "json" in formats:
         path = out_dir / "report.json"
-        path.write_text(json.dumps(to_dict(result), indent=2, allow_nan=False) + "\n")
+        path.write_text(json_text(to_dict(result)))
         written.append(path)
     if "md" in formats:
         path = out_dir / "report.md"

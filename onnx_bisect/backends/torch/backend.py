@@ -54,7 +54,7 @@ class TorchBackend(BackendBase):
 
         from onnx_bisect.backends.torch.context import to_numpy
         from onnx_bisect.backends.torch.interpreter import Program, WeightCache
-        from onnx_bisect.backends.torch.numerics import numerics
+        from onnx_bisect.backends.torch.numerics import intra_op_threads, numerics
 
         o = self.options
         device = torch.device(o.device)
@@ -64,7 +64,7 @@ class TorchBackend(BackendBase):
             self._weights = WeightCache()
         program = Program(model.graph, opsets, device, policy, self._weights)
         inputs = program.feed(feeds)
-        with numerics(tf32=o.tf32, deterministic=o.deterministic):
+        with numerics(tf32=o.tf32, deterministic=o.deterministic), intra_op_threads(o.threads):
             if compiler:
                 from onnx_bisect.backends.torch.compiled import compiled_run
 

@@ -1,4 +1,4 @@
-"""The torch spec: ``torch[:DEVICE][?dtype=..&compile=..&tf32=0|1&deterministic=0|1]``.
+"""The torch spec: ``torch[:DEVICE][?dtype=..&compile=..&tf32=0|1&deterministic=0|1&threads=N]``.
 
 Parsed without importing torch, so a bad spec is a one-line usage error even where torch is
 not installed.
@@ -16,7 +16,7 @@ __all__ = ["COMPILERS", "DTYPES", "KEYS", "TorchOptions"]
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 COMPILERS = ("inductor", "aot_eager", "eager")
-KEYS = ("dtype", "compile", "tf32", "deterministic")
+KEYS = ("dtype", "compile", "tf32", "deterministic", "threads")
 _DEVICE = re.compile(r"^(cpu|mps|xpu(:\d+)?|cuda(:\d+)?)$")
 _FLAGS = {"0": False, "1": True, "false": False, "true": True, "off": False, "on": True}
 
@@ -28,6 +28,7 @@ class TorchOptions:
     compile: str | None = None
     tf32: bool = False  # off unless asked: strict float32 is what a reference means
     deterministic: bool | None = None  # None: leave torch's setting alone
+    threads: int | None = None  # None: torch's own intra-op thread count
 
     @classmethod
     def parse(cls, spec: BackendSpec) -> TorchOptions:
@@ -47,6 +48,7 @@ class TorchOptions:
             compile=_choice(spec, "compile", COMPILERS),
             tf32=bool(_flag(spec, "tf32")),
             deterministic=_flag(spec, "deterministic"),
+            threads=_count(spec, "threads"),
         )
 
     def label(self) -> str:
@@ -57,6 +59,8 @@ class TorchOptions:
             parts.append(f"tf32={int(self.tf32)}")
         if self.deterministic is not None:
             parts.append(f"deterministic={int(self.deterministic)}")
+        if self.threads is not None:
+            parts.append(f"threads={self.threads}")
         return " ".join(parts)
 
 
@@ -67,6 +71,15 @@ def _choice(spec: BackendSpec, key: str, allowed: tuple[str, ...]) -> str | None
     if value.lower() not in allowed:
         raise SpecError(f"backend {spec.text!r}: {key} must be one of {', '.join(allowed)}")
     return value.lower()
+
+
+def _count(spec: BackendSpec, key: str) -> int | None:
+    value = spec.option(key)
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise SpecError(f"backend {spec.text!r}: {key} must be a whole number of at least 1")
+    return int(value)
 
 
 def _flag(spec: BackendSpec, key: str) -> bool | None:
