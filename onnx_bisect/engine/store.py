@@ -31,7 +31,7 @@ class TensorStore:
         self._arrays: dict[str, npt.NDArray[Any]] = {}
         self._meta: dict[str, TensorMeta] = {}
         self._packed: dict[str, tuple[Path, int]] = {}
-        self._maps: dict[Path, np.memmap[Any, np.dtype[np.uint8]]] = {}
+        self._maps: dict[Path, npt.NDArray[np.uint8]] = {}
         self._count = 0
 
     def put(self, name: str, value: npt.NDArray[Any]) -> None:
@@ -74,7 +74,8 @@ class TensorStore:
             return np.empty(m.shape, m.dtype)
         whole = self._maps.get(path)
         if whole is None:
-            whole = self._maps[path] = np.memmap(path, np.uint8, mode="r")
+            # A plain ndarray over the map: views of a memmap run Python code each.
+            whole = self._maps[path] = np.asarray(np.memmap(path, np.uint8, mode="r"))
         return whole[offset : offset + size].view(m.dtype).reshape(m.shape)
 
     def meta(self, name: str) -> TensorMeta:
