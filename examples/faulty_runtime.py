@@ -29,6 +29,9 @@ check are simulated too:
   in magnitude (max |x| > T): an input-dependent bug, like an fp16 kernel that overflows on
   bright images only, so a dataset shows it on some inputs and not others.
 
+``--exclusive LOCKFILE`` makes it a runtime of one device: a run started while another holds
+LOCKFILE fails ("device busy", exit 3), as a runtime that cannot run two models at once does.
+
 For tests that must catch it mid-run (Ctrl-C): ``--sleep SECONDS`` makes every run that slow,
 and ``--mark FILE`` appends a line per run to FILE as it starts (``<pid> <nodes> <model path>``),
 so that a test can wait for a given run instead of guessing how long to sleep.
@@ -152,6 +155,24 @@ def output_observed(model: onnx.ModelProto, node_name: str) -> bool:
     return node is not None and any(o in outputs for o in node.output)
 
 
+_device: object = None  # the lock file, held open (and locked) until the process ends
+
+
+def _hold_device(path: str) -> bool:
+    """Take the one device (an exclusive lock on ``path``), or say it is taken."""
+    global _device
+    import fcntl
+
+    handle = open(path, "a")  # noqa: SIM115 -- held for the life of the process
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return False
+    _device = handle
+    return True
+
+
 def _scalar(factor: float) -> onnx.TensorProto:
     return helper.make_tensor("v", onnx.TensorProto.FLOAT, [], [1.0 + factor])
 
@@ -179,7 +200,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--disable", default="", help="comma-separated passes to turn off")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds every run takes longer")
     p.add_argument("--mark", help="append '<pid> <nodes> <model>' to this file per run")
+    p.add_argument("--exclusive", help="fail while another run holds this lock file")
     args = p.parse_args(argv)
+    if args.exclusive and not _hold_device(args.exclusive):
+        print("error: device busy: another run holds it", file=sys.stderr)
+        return 3
     # External weights stay in their file (a hard link onnx-bisect made, which onnx.load
     # refuses): the faults rewrite nodes only, and ONNX Runtime reads the weights itself.
     model = onnx.load(args.model, load_external_data=False)
