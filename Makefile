@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint typecheck pytest bench models clean
+.PHONY: demo test test-fast lint typecheck pytest bench bench-scale models clean
 
 $(STAMP): pyproject.toml constraints-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,8 +40,12 @@ test-fast: lint
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_yolo.py
 
+# Diagnosis time against the node count (1k to 20k nodes), in bench-scale/.
+bench-scale: $(STAMP)
+	$(BIN)/python benchmarks/bench_scale.py
+
 models: $(STAMP)
 	$(BIN)/python examples/build_models.py
 
 clean:
-	rm -rf $(VENV) demo-report bench-out
+	rm -rf $(VENV) demo-report bench-out bench-scale
