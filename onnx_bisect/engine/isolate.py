@@ -144,8 +144,9 @@ def _run_batches(
                 pool.submit(contextvars.copy_context().run, _attempt, session, loaded, store, b)
                 for b in wave
             ]
-            for batch, job in zip(wave, jobs, strict=True):
-                outcome = job.result()
+            # The whole wave first: a retry alone must not overlap a run still going.
+            outcomes = [job.result() for job in jobs]
+            for batch, outcome in zip(wave, outcomes, strict=True):
                 if isinstance(outcome, BackendError) and len(wave) > 1:
                     outcome = _attempt(session, loaded, store, batch)
                 if not isinstance(outcome, BackendError) or len(batch) == 1:
