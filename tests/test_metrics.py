@@ -378,3 +378,32 @@ def test_large_int64_differences_are_not_lost_to_float64() -> None:
     tgt = np.array([2**60 + 1, 5], dtype=np.int64)
     c = compare_tensors("i", ref, tgt, Criterion())
     assert c.status is Status.DIVERGED and c.metrics["mismatch"] == 0.5
+
+
+def test_block_by_block_comparison_equals_the_whole_tensor() -> None:
+    """Tensors over several comparison blocks (a float64 copy of each block only): metrics,
+    NaN placement and the absolute floor are those of the whole tensor."""
+    from onnx_bisect.compare.metrics import COMPARE_BLOCK, all_metrics
+
+    rng = np.random.default_rng(5)
+    n = 2 * COMPARE_BLOCK + 17
+    ref = rng.standard_normal(n).astype(F32)
+    tgt = (ref + 1e-3 * rng.standard_normal(n)).astype(F32)
+    tgt[-3] = ref[-3] + 7.0  # the worst element sits in the last, partial block
+    r64, t64 = ref.astype(np.float64), tgt.astype(np.float64)
+    whole = {
+        "rel_l2": np.linalg.norm(t64 - r64) / np.linalg.norm(r64),
+        "max_abs": 7.0,
+        "mean_abs": np.mean(np.abs(t64 - r64)),
+        "mismatch": np.mean(~np.isclose(t64, r64, rtol=1e-3, atol=1e-5)),
+    }
+    blocked = all_metrics(ref, tgt, atol=1e-5, rtol=1e-3)
+    for name, value in whole.items():
+        assert blocked[name] == pytest.approx(value, rel=1e-9), name
+    # NaNs at the same places in two blocks are excluded; one placed differently counts once.
+    ref[[5, COMPARE_BLOCK + 5]] = np.nan
+    tgt[[5, COMPARE_BLOCK + 5]] = np.nan
+    c = compare_tensors("t", ref, tgt, Criterion())
+    assert c.status is Status.DIVERGED and c.metrics["max_abs"] == pytest.approx(7.0, rel=1e-6)
+    tgt[2 * COMPARE_BLOCK + 1] = np.nan
+    assert compare_tensors("t", ref, tgt, Criterion()).nonfinite_mismatch == 1

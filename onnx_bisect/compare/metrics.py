@@ -9,20 +9,24 @@ explodes on ReLU zeros, so the relative metric is a ratio of norms.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "COMPARE_BLOCK",
     "METRICS",
     "Metric",
+    "MetricSums",
     "all_metrics",
+    "blocks",
     "cosine",
     "max_abs",
     "mean_abs",
     "mismatch_fraction",
+    "norm_ratio",
     "rel_l2",
     "sqnr_db",
 ]
@@ -35,6 +39,18 @@ _F64 = npt.NDArray[np.float64]
 
 def _f64(a: Array) -> _F64:
     return np.asarray(a, dtype=np.float64)
+
+
+# Elements per block when comparing: the float64 copies and differences of a block take a few
+# tens of MiB however large the tensor (whole, a 64 MiB float32 tensor took ~700 MB of them).
+COMPARE_BLOCK = 1 << 20
+
+
+def blocks(*arrays: Array) -> Iterator[tuple[_F64, ...]]:
+    """The arrays (same size), flattened, in float64 pieces of ``COMPARE_BLOCK`` elements."""
+    flat = [np.ravel(a) for a in arrays]  # a view of a contiguous or memory-mapped array
+    for start in range(0, flat[0].size, COMPARE_BLOCK):
+        yield tuple(_f64(f[start : start + COMPARE_BLOCK]) for f in flat)
 
 
 def max_abs(ref: Array, target: Array) -> float:
@@ -51,11 +67,17 @@ def mean_abs(ref: Array, target: Array) -> float:
 
 def rel_l2(ref: Array, target: Array) -> float:
     """‖t−r‖ / ‖r‖; an all-zero reference yields the absolute norm instead of a division by 0."""
-    diff = float(np.linalg.norm((_f64(target) - _f64(ref)).ravel()))
-    norm = float(np.linalg.norm(_f64(ref).ravel()))
-    if norm == 0.0:
-        return diff
-    return diff / norm
+    d2 = r2 = 0.0
+    for r, t in blocks(ref, target):
+        d = t - r
+        d2 += float(np.dot(d, d))
+        r2 += float(np.dot(r, r))
+    return norm_ratio(d2, r2)
+
+
+def norm_ratio(d2: float, r2: float) -> float:
+    """rel_l2 from its sums of squares (the absolute norm where the reference is all zero)."""
+    return math.sqrt(d2) / math.sqrt(r2) if r2 > 0.0 else math.sqrt(d2)
 
 
 def cosine(ref: Array, target: Array) -> float:
@@ -88,42 +110,68 @@ def mismatch_fraction(ref: Array, target: Array, atol: float = 1e-5, rtol: float
     return float(1.0 - np.count_nonzero(close) / close.size)
 
 
-def all_metrics(ref: _F64, target: _F64, atol: float, rtol: float) -> dict[str, float]:
-    """Every registry metric plus the allclose mismatch fraction, from one pass of reductions.
+class MetricSums:
+    """Every registry metric plus the allclose mismatch fraction, accumulated block by block
+    (``add``) from one pass of reductions; ``metrics()`` gives them. Equal to calling each
+    metric function (to rounding); the scan compares hundreds of tensors, and sharing the
+    difference and the dot products makes that several times cheaper. ``ref_peak`` is the
+    largest |reference| seen, for absolute floors."""
 
-    Equal to calling each metric function (to rounding); the scan compares hundreds of tensors,
-    and sharing the difference and the dot products makes that several times cheaper.
-    """
-    n = ref.size
-    if n == 0:
-        return {"rel_l2": 0.0, "max_abs": 0.0, "mean_abs": 0.0, "cosine": 1.0,
-                "sqnr_db": math.inf, "mismatch": 0.0}  # fmt: skip
-    d = target - ref
-    ad = np.abs(d)
-    d2, r2 = float(np.dot(d, d)), float(np.dot(ref, ref))
-    t2, rt = float(np.dot(target, target)), float(np.dot(ref, target))
-    rel = math.sqrt(d2) / math.sqrt(r2) if r2 > 0.0 else math.sqrt(d2)
-    if r2 == 0.0 and t2 == 0.0:
-        cos = 1.0
-    elif r2 == 0.0 or t2 == 0.0:
-        cos = 0.0
-    else:
-        cos = rt / (math.sqrt(r2) * math.sqrt(t2))
-    if d2 == 0.0:
-        sqnr = math.inf
-    elif r2 == 0.0:
-        sqnr = -math.inf
-    else:
-        sqnr = 10.0 * math.log10(r2 / d2)
-    far = np.count_nonzero(ad > atol + rtol * np.abs(ref))
-    return {
-        "rel_l2": rel,
-        "max_abs": float(ad.max()),
-        "mean_abs": float(ad.mean()),
-        "cosine": cos,
-        "sqnr_db": sqnr,
-        "mismatch": far / n,
-    }
+    def __init__(self, atol: float, rtol: float) -> None:
+        self.atol, self.rtol = atol, rtol
+        self.n = self.far = 0
+        self.d2 = self.r2 = self.t2 = self.rt = self.sum_ad = self.max_ad = self.ref_peak = 0.0
+
+    def add(self, ref: _F64, target: _F64) -> None:
+        if not ref.size:
+            return
+        d = target - ref
+        ad = np.abs(d)
+        ar = np.abs(ref)
+        self.n += ref.size
+        self.d2 += float(np.dot(d, d))
+        self.r2 += float(np.dot(ref, ref))
+        self.t2 += float(np.dot(target, target))
+        self.rt += float(np.dot(ref, target))
+        self.sum_ad += float(ad.sum())
+        self.max_ad = max(self.max_ad, float(ad.max()))
+        self.ref_peak = max(self.ref_peak, float(ar.max()))
+        self.far += int(np.count_nonzero(ad > self.atol + self.rtol * ar))
+
+    def metrics(self) -> dict[str, float]:
+        if not self.n:
+            return {"rel_l2": 0.0, "max_abs": 0.0, "mean_abs": 0.0, "cosine": 1.0,
+                    "sqnr_db": math.inf, "mismatch": 0.0}  # fmt: skip
+        d2, r2, t2 = self.d2, self.r2, self.t2
+        if r2 == 0.0 and t2 == 0.0:
+            cos = 1.0
+        elif r2 == 0.0 or t2 == 0.0:
+            cos = 0.0
+        else:
+            cos = self.rt / (math.sqrt(r2) * math.sqrt(t2))
+        if d2 == 0.0:
+            sqnr = math.inf
+        elif r2 == 0.0:
+            sqnr = -math.inf
+        else:
+            sqnr = 10.0 * math.log10(r2 / d2)
+        return {
+            "rel_l2": norm_ratio(d2, r2),
+            "max_abs": self.max_ad,
+            "mean_abs": self.sum_ad / self.n,
+            "cosine": cos,
+            "sqnr_db": sqnr,
+            "mismatch": self.far / self.n,
+        }
+
+
+def all_metrics(ref: Array, target: Array, atol: float, rtol: float) -> dict[str, float]:
+    """Every registry metric plus the allclose mismatch fraction (``MetricSums``), computed
+    in blocks of ``COMPARE_BLOCK`` elements."""
+    sums = MetricSums(atol, rtol)
+    for r, t in blocks(ref, target):
+        sums.add(r, t)
+    return sums.metrics()
 
 
 @dataclass(frozen=True)

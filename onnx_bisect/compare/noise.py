@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from onnx_bisect.compare.metrics import rel_l2
+from onnx_bisect.compare.metrics import blocks, norm_ratio
 
 __all__ = ["Float64Values", "NoiseFloor", "fp32_noise"]
 
@@ -62,5 +62,10 @@ def fp32_noise(exact: npt.NDArray[Any], value: npt.NDArray[Any]) -> float | None
     in both; None where the two are not the same float tensor."""
     if exact.shape != value.shape or not np.issubdtype(exact.dtype, np.floating):
         return None
-    finite = np.isfinite(exact) & np.isfinite(np.asarray(value, dtype=np.float64))
-    return rel_l2(exact[finite], np.asarray(value)[finite])
+    d2 = r2 = 0.0
+    for e, v in blocks(exact, value):
+        finite = np.isfinite(e) & np.isfinite(v)
+        e, v = e[finite], v[finite]
+        d = v - e
+        d2, r2 = d2 + float(np.dot(d, d)), r2 + float(np.dot(e, e))
+    return norm_ratio(d2, r2)
