@@ -73,7 +73,15 @@ class TorchBackend(BackendBase):
             else:
                 with torch.inference_mode():
                     out = program.run(inputs)
-        return {name: to_numpy(value) for name, value in out.items() if value is not None}
+        # One at a time, each tensor dropped once copied: a copy of all of them beside the
+        # tensors would double the run's outputs.
+        arrays: Tensors = {}
+        for name in list(out):
+            value = out.pop(name)
+            if value is not None:
+                arrays[name] = to_numpy(value)
+            del value
+        return arrays
 
     def describe(self) -> str:
         import torch

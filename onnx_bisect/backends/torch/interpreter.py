@@ -104,16 +104,22 @@ class Program:
         last = self._plans.get(keep)
         if last is None:
             last = self._plans[keep] = _last_uses(self.steps, keep)
-        for i, step in enumerate(self.steps):
-            if known and all(n in known for n in step.node.output if n):
-                continue
-            self._scope = env
-            results = _call(step, [env[n] if n else None for n in step.node.input])
-            for name, value in zip(step.node.output, results, strict=False):
-                if name:
-                    env[name] = value
-            for name in last.get(i, ()):
-                env.pop(name, None)
+        try:
+            for i, step in enumerate(self.steps):
+                if known and all(n in known for n in step.node.output if n):
+                    continue
+                self._scope = env
+                results = _call(step, [env[n] if n else None for n in step.node.input])
+                for name, value in zip(step.node.output, results, strict=False):
+                    if name:
+                        env[name] = value
+                for name in last.get(i, ()):
+                    env.pop(name, None)
+        finally:
+            # The scope holds every value still alive; kept past the run, it would hold the
+            # outputs through the caller's next run (the program is in a reference cycle
+            # with its ops' contexts, so only the cyclic collector would free it).
+            self._scope = {}
         missing = [n for n in wanted if n not in env]
         if missing:
             raise BackendError(f"the graph does not compute {', '.join(missing[:5])}")
