@@ -74,7 +74,9 @@ def bisect(
       ``"off"``).
     - ``unroll_max``: a Loop running at most this many iterations for these inputs is
       unrolled, so its body's nodes are probed and can be named (default 64).
-    - ``max_memory``: bytes of probe outputs one run may hold; ``command``: for the report.
+    - ``max_memory``: bytes of tensors the diagnosis may hold at once, across the process
+      tree (probe outputs, runtimes' working sets, kept values; weights and a fixed
+      overhead come on top, see docs/guide.md); ``command``: for the report.
     - ``dataset``: many inputs instead of one: a directory of .npz files or test_data_set_*
       folders, a glob, or one .npz whose arrays are split along their leading axis. Every
       input is screened and ranked by its outputs' error, the worst ``sample`` (default 8)

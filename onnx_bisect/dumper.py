@@ -16,11 +16,11 @@ import onnx
 
 from onnx_bisect.backends.dump import INPUTS_FILE, MANIFEST, file_name
 from onnx_bisect.backends.environment import environment
-from onnx_bisect.backends.protocol import Tensors
 from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.engine.memory import plan_memory
 from onnx_bisect.engine.observe import probe_runs
 from onnx_bisect.engine.recorded import run_feeds
-from onnx_bisect.engine.runs import RunStats, check_budget, timed_run
+from onnx_bisect.engine.runs import RunStats, timed_run
 from onnx_bisect.errors import InputError
 from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
@@ -68,19 +68,21 @@ def dump(
         seed=seed,
     )  # fmt: skip
     sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))
-    check_budget(loaded.probes, sizes, max_memory)
+    feed_bytes = sum(v.nbytes for v in feeds.values())
+    memory = plan_memory(loaded, sizes, max_memory, float64=False, feeds=feed_bytes)
+    memory.require()
     stats = RunStats()
-
-    def run(marked: onnx.ModelProto) -> Tensors:
-        return timed_run(runner, marked, feeds, "target", stats)
-
     written: dict[str, str] = {}
     with staging_dir(directory) as stage:
-        for chunk, computed in probe_runs(loaded.model, loaded.probes, sizes, max_memory, run):
+
+        def use(chunk: list[str], marked: onnx.ModelProto) -> None:
+            computed = timed_run(runner, marked, feeds, "target", stats)
             # A partial backend (a dump itself) answers for the tensors it holds only.
             for name in (n for n in chunk if n in computed):
                 written[name] = file_name(name)
                 np.save(stage / written[name], np.asarray(computed[name]), allow_pickle=False)
+
+        probe_runs(loaded.model, loaded.probes, sizes, memory.chunk(), use)
         save_npz(stage / INPUTS_FILE, feeds)
         manifest = {
             "model": str(loaded.path) if loaded.path else "<in-memory ModelProto>",

@@ -99,7 +99,9 @@ BAD = {
     "max-memory 1": (
         "--max-memory 1",
         "--max-memory 1 cannot hold the largest tensor, '/stem/conv/Conv_output_0' "
-        "(204800 bytes); give at least 204800 (200KB)",
+        "(204800 bytes), beside a runtime's working set (921600 bytes) and what the diagnosis "
+        "keeps (993600 bytes) in float64; give at least 3246400 (3.1MB), or 1710400 with a "
+        "fixed threshold (no float64 oracle)",
     ),
     "zero dim": ("--shape images=1x3x0x320", "--shape 'images=1x3x0x320': dims must be >= 1"),
     "negative dim": ("--shape images:[1,3,-1,160]", "--shape 'images:[1,3,-1,160]': dims must"),

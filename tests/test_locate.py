@@ -108,7 +108,7 @@ def test_no_false_alarm(model, target: str) -> None:
 def test_memory_budget_splits_scan_and_gives_same_answer() -> None:
     whole = onnx_bisect.bisect(YOLO, target=FaultyBackend(FAULT_NODE))
     target = FaultyBackend(FAULT_NODE)
-    small = onnx_bisect.bisect(YOLO, target=target, max_memory=256 * 1024)
+    small = onnx_bisect.bisect(YOLO, target=target, max_memory=4 << 20)
     assert small.runs["target"] > whole.runs["target"] + 4
     assert small.runs["ref"] > whole.runs["ref"] + 4  # the reference's scan splits too
     _check_planted(small, FAULT_NODE)

@@ -129,6 +129,6 @@ def test_a_transformed_copy_under_a_small_memory_budget(tmp_path: Path) -> None:
         YOLO,
         target="cpu+onnxoptimizer=fuse_bn_into_conv",
         target_model=_one_weight_changed(tmp_path),
-        max_memory=1 << 20,
+        max_memory=4 << 20,
     )
     assert result.root_cause is not None and result.root_cause.nodes == (FAULT,)

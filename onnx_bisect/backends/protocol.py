@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -15,10 +15,13 @@ import onnx
 from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.errors import BackendError, OnnxBisectError
 
-__all__ = ["Backend", "BackendBase", "Capabilities", "Tensors", "one_line"]
+__all__ = ["Backend", "BackendBase", "Capabilities", "Emit", "Tensors", "one_line", "streams"]
 
 
 Tensors = dict[str, npt.NDArray[Any]]
+T = TypeVar("T")
+# Takes one computed tensor, by name, as soon as it exists (``BackendBase.stream``).
+Emit = Callable[[str, npt.NDArray[Any]], None]
 
 
 @dataclass(frozen=True)
@@ -31,11 +34,14 @@ class Capabilities:
     tensor (it is left out of the comparison, not counted as missing).
     ``child_process``: every run happens in a child process, so a crash or a timeout comes
     back as ``BackendCrash`` instead of killing the tool.
+    ``streams``: ``BackendBase.stream`` hands each wanted tensor over as soon as it is
+    computed and then drops it, so one run yields every probe while holding one at a time.
     """
 
     computes: bool = True
     partial: bool = False
     child_process: bool = False
+    streams: bool = False
 
 
 @runtime_checkable
@@ -74,8 +80,27 @@ class BackendBase:
 
     def run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
         wanted = [o.name for o in model.graph.output]
+        out = self._wrapped(lambda: self._run(model, feeds))
+        self._check_all([n for n in wanted if n not in out])
+        return {n: np.asarray(out[n]) for n in wanted}
+
+    def stream(
+        self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]], emit: Emit
+    ) -> None:
+        """Each graph output of ``model`` handed to ``emit`` as soon as it is computed, and
+        dropped by the backend then; only where ``capabilities.streams``."""
+        seen: set[str] = set()
+
+        def take(name: str, value: npt.NDArray[Any]) -> None:
+            seen.add(name)
+            emit(name, np.asarray(value))
+
+        self._wrapped(lambda: self._stream(model, feeds, take))
+        self._check_all([o.name for o in model.graph.output if o.name not in seen])
+
+    def _wrapped(self, call: Callable[[], T]) -> T:
         try:
-            out = self._run(model, feeds)
+            return call()
         except OnnxBisectError:
             raise
         except Exception as exc:
@@ -83,15 +108,20 @@ class BackendBase:
             raise BackendError(
                 f"{self.spec.text}: {one_line(exc)}", detail=f"{self.spec.text}: {exc}"
             ) from exc
-        missing = [n for n in wanted if n not in out]
+
+    def _check_all(self, missing: list[str]) -> None:
         if missing:
             raise BackendError(
                 f"{self.spec.text}: did not return output(s) {', '.join(missing[:5])}"
                 + (" ..." if len(missing) > 5 else "")
             )
-        return {n: np.asarray(out[n]) for n in wanted}
 
     def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        raise NotImplementedError
+
+    def _stream(
+        self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]], emit: Emit
+    ) -> None:
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -116,6 +146,11 @@ class BackendBase:
         with self._notes_lock:
             if not (once and text in self._notes):
                 self._notes[text] += count
+
+
+def streams(backend: Backend) -> TypeGuard[BackendBase]:
+    """Whether ``backend`` declares, and has, ``stream``."""
+    return isinstance(backend, BackendBase) and backend.capabilities.streams
 
 
 def one_line(exc: BaseException, limit: int = 400) -> str:

@@ -19,6 +19,7 @@ from onnx_bisect.cli.commands import (
 )
 from onnx_bisect.cli.output import EXIT_USAGE, err
 from onnx_bisect.cli.params import VersionOpt
+from onnx_bisect.process import return_large_frees
 
 __all__ = ["app", "bisect_app", "bisect_entry", "main_entry"]
 
@@ -92,6 +93,7 @@ def _entry(typer_app: typer.Typer, prog: str, args: Sequence[str] | None) -> Non
     """Run an app, turning usage errors into one line and exit code 2, and Ctrl-C into one
     line and 130 (staging directories and child processes are cleaned up on the way out, by
     the ``finally`` blocks that made them)."""
+    return_large_frees()  # the memory budget is a bound on resident memory (process.py)
     try:
         code = typer_app(args=args, prog_name=prog, standalone_mode=False)
     except typer.Exit as exc:

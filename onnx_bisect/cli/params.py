@@ -359,7 +359,12 @@ RtolOpt = Annotated[
 ]
 MaxMemoryOpt = Annotated[
     str,
-    typer.Option(metavar="SIZE", help="Most probe output bytes one run may hold, e.g. 4GB, 256MB."),
+    typer.Option(
+        metavar="SIZE",
+        help="Memory for tensors across the whole process tree (this tool, in-process "
+        "runtimes, exec: runtimes): probe outputs, runtimes' working sets, kept values. "
+        "Weights and a fixed overhead (at most 600MB measured) come on top. E.g. 4GB, 256MB.",
+    ),
 ]
 StrategyOpt = Annotated[
     str,

@@ -24,10 +24,10 @@ from onnx_bisect.compare.topk import TopKCheck, TopKSpec, topk_checks
 from onnx_bisect.engine.failure import failure_search
 from onnx_bisect.engine.float64 import Float64Run, measure_float64
 from onnx_bisect.engine.found import Found
+from onnx_bisect.engine.memory import plan_memory
 from onnx_bisect.engine.observe import Observed, screen
 from onnx_bisect.engine.precision import precision_notes
 from onnx_bisect.engine.recorded import run_feeds
-from onnx_bisect.engine.runs import check_budget
 from onnx_bisect.engine.session import Feeds, Session, Setup, StageTimer
 from onnx_bisect.engine.strategies import STRATEGIES, choose
 from onnx_bisect.errors import BackendError, InputError
@@ -133,12 +133,22 @@ def open_session(
     ``measure_float64`` for ``oracle_in_child``)."""
     loaded, options = setup.loaded, setup.options
     sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))
-    check_budget(loaded.probes, sizes, options.max_memory)
+    memory = plan_memory(
+        loaded,
+        sizes,
+        options.max_memory,
+        float64=options.auto_threshold,
+        feeds=sum(v.nbytes for v in feeds.values()),
+    )
+    memory.require(factor=2 if options.auto_threshold else 1)
     crit = options.criterion()
-    session = Session(setup, feeds, crit, sizes, scratch, timer=timer, notes=list(setup.notes))
+    session = Session(
+        setup, feeds, crit, sizes, scratch, memory, timer=timer, notes=list(setup.notes)
+    )
     if options.auto_threshold:
         job = lambda: _auto_criterion(session, crit, noise_for, oracle_in_child)  # noqa: E731
-        session.measure_criterion(job, alongside=options.parallel)
+        alongside = memory.oracle_beside(options.parallel) > 0
+        session.measure_criterion(job, alongside=alongside)
     return session
 
 

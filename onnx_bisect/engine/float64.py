@@ -10,20 +10,23 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 
-from onnx_bisect.backends.protocol import Backend, BackendBase, Tensors
+from onnx_bisect.backends.protocol import Backend, BackendBase, streams
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.compare.noise import fp32_noise
 from onnx_bisect.engine import float64_child
 from onnx_bisect.engine.float64_job import ORACLE, TWIN
 from onnx_bisect.engine.observe import probe_runs
-from onnx_bisect.engine.runs import plan_chunks, timed_run
+from onnx_bisect.engine.runs import plan_chunks, timed_run, timed_stream
 from onnx_bisect.engine.session import Session
 from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.errors import BackendError, BackendUnavailableError
+from onnx_bisect.graph.extract import with_outputs
 from onnx_bisect.graph.save import save_model
 from onnx_bisect.graph.sizes import PROTO_LIMIT, model_bytes
 from onnx_bisect.graph.view import TensorMeta
@@ -111,29 +114,43 @@ def _here(session: Session, spec: str, twin: str, names: Sequence[str] | None = 
 def _float64_probes(
     session: Session, backend: Backend, fp32: Backend, probes: Sequence[str]
 ) -> Float64Run:
+    """Every probe in float64, then its fp32 twin, one run at a time: the float64 values go to
+    the store before the twin runs. Oracles that stream (torch) compute every probe in one
+    run each, holding one at a time; others run in chunks sized for float64."""
     s, loaded = session, session.loaded
     store = s.store("float64", factor=2)
     noise: dict[str, float] = {}
 
-    def run(marked: onnx.ModelProto) -> tuple[Tensors, Tensors]:
-        return (
-            timed_run(backend, marked, s.feeds, "float64", s.stats),
-            timed_run(fp32, marked, s.feeds, "float64", s.stats),
-        )
+    def twin(name: str, single: npt.NDArray[Any]) -> None:
+        measured = fp32_noise(store.get(name), single)
+        if measured is not None:
+            noise[name] = measured
 
-    for chunk, (out, out32) in probe_runs(loaded.model, probes, _doubled(s), s.budget, run):
+    if streams(backend) and streams(fp32):
+        marked = with_outputs(loaded.model, probes)
+        timed_stream(backend, marked, s.feeds, store.put, "float64", s.stats)
+        timed_stream(fp32, marked, s.feeds, twin, "float64", s.stats)
+        return Float64Run(store, noise)
+
+    def use(chunk: list[str], marked: onnx.ModelProto) -> None:
+        out = timed_run(backend, marked, s.feeds, "float64", s.stats)
         for name in chunk:
             store.put(name, out[name])
-            single = out32.get(name)
-            measured = None if single is None else fp32_noise(out[name], single)
-            if measured is not None:
-                noise[name] = measured
+        del out  # in the store: the twin's run gets its room
+        out32 = timed_run(fp32, marked, s.feeds, "float64", s.stats)
+        for name in chunk:
+            if name in out32:
+                twin(name, out32[name])
+
+    probe_runs(loaded.model, probes, s.sizes, _chunk_bytes(s), use)
     log.debug("float64 reference: %s", plural(len(probes), "tensor"))
     return Float64Run(store, noise)
 
 
-def _doubled(session: Session) -> dict[str, int | None]:
-    return {k: None if v is None else 2 * v for k, v in session.sizes.items()}
+def _chunk_bytes(session: Session) -> int:
+    """Probe bytes (at the model's dtypes) per oracle run that does not stream."""
+    beside = session.memory.oracle_beside(session.options.parallel)
+    return session.memory.chunk(factor=2, beside=beside)
 
 
 def _child_can_run(session: Session) -> bool:
@@ -156,7 +173,7 @@ def _in_child(session: Session, names: Sequence[str] | None = None) -> _Measured
     job = {
         "model": str(model_path),
         "feeds": str(work / "feeds.npz"),
-        "chunks": plan_chunks(_probes(s, names), _doubled(s), s.budget),
+        "chunks": plan_chunks(_probes(s, names), s.sizes, _chunk_bytes(s)),
         "out": str(work / "values"),
     }
     child = float64_child.take_child()

@@ -9,12 +9,13 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 
-from onnx_bisect.backends.protocol import Backend, BackendBase, Tensors
+from onnx_bisect.backends.protocol import Backend, BackendBase, Tensors, streams
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.compare.noise import fp32_noise
 from onnx_bisect.graph.extract import with_outputs
@@ -51,19 +52,12 @@ def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
     fp32 = create_backend(TWIN)
     out_dir = Path(job["out"])
     out_dir.mkdir(parents=True, exist_ok=True)
-    files: dict[str, tuple[str, int, str, list[int]]] = {}
-    noise: dict[str, float] = {}
     seconds: list[float] = []
-    for index, chunk in enumerate(job["chunks"]):
-        marked = with_outputs(model, chunk)
-        out = _timed(backend, marked, feeds, seconds)
-        out32 = _timed(fp32, marked, feeds, seconds)
-        files |= _pack(out_dir / f"chunk{index:04d}.bin", {name: out[name] for name in chunk})
-        for name in chunk:
-            single = out32.get(name)
-            measured = None if single is None else fp32_noise(out[name], single)
-            if measured is not None:
-                noise[name] = measured
+    if streams(backend) and streams(fp32):
+        marked = with_outputs(model, [name for chunk in job["chunks"] for name in chunk])
+        files, noise = _streamed(backend, fp32, marked, feeds, out_dir, seconds)
+    else:
+        files, noise = _chunked(backend, fp32, model, feeds, job["chunks"], out_dir, seconds)
     notes = [n for b in (backend, fp32) if isinstance(b, BackendBase) for n in b.notes()]
     return {
         "files": files,
@@ -72,6 +66,67 @@ def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
         "notes": notes,
         "seconds": seconds,
     }
+
+
+Placed = dict[str, tuple[str, int, str, list[int]]]
+
+
+def _streamed(
+    backend: BackendBase,
+    fp32: BackendBase,
+    marked: onnx.ModelProto,
+    feeds: Tensors,
+    out_dir: Path,
+    seconds: list[float],
+) -> tuple[Placed, dict[str, float]]:
+    """Every probe in one float64 run, each value written as it comes, then one fp32 run,
+    each value compared with its float64 one as it comes: one value held at a time."""
+    packer = _Packer(out_dir)
+    start = time.perf_counter()
+    backend.stream(marked, feeds, packer.put)
+    seconds.append(time.perf_counter() - start)
+    packer.close()
+    reader = _Reader(packer.placed)
+    noise: dict[str, float] = {}
+
+    def twin(name: str, single: npt.NDArray[Any]) -> None:
+        measured = fp32_noise(reader.get(name), single)
+        if measured is not None:
+            noise[name] = measured
+
+    start = time.perf_counter()
+    fp32.stream(marked, feeds, twin)
+    seconds.append(time.perf_counter() - start)
+    return packer.placed, noise
+
+
+def _chunked(
+    backend: Backend,
+    fp32: Backend,
+    model: onnx.ModelProto,
+    feeds: Tensors,
+    chunks: list[list[str]],
+    out_dir: Path,
+    seconds: list[float],
+) -> tuple[Placed, dict[str, float]]:
+    """The probes chunk by chunk (a chunk fits the memory plan in float64), the float64
+    values written and dropped before the twin runs."""
+    files: Placed = {}
+    noise: dict[str, float] = {}
+    for index, chunk in enumerate(chunks):
+        marked = with_outputs(model, chunk)
+        out = _timed(backend, marked, feeds, seconds)
+        placed = _pack(out_dir / f"chunk{index:04d}.bin", {name: out[name] for name in chunk})
+        files |= placed
+        del out
+        out32 = _timed(fp32, marked, feeds, seconds)
+        reader = _Reader(placed)
+        for name in chunk:
+            single = out32.get(name)
+            measured = None if single is None else fp32_noise(reader.get(name), single)
+            if measured is not None:
+                noise[name] = measured
+    return files, noise
 
 
 def _timed(
@@ -86,17 +141,63 @@ def _timed(
 # Values start at multiples of this, so that every view of the mapped file is aligned.
 _ALIGN = 64
 
+# A file of values is closed, and the next begun, past this size: the parent maps a file whole
+# (``TensorStore.adopt``), so this bounds what one mapping holds resident, while a file per
+# tensor would cost minutes to open and delete on models of 20,000 small tensors.
+PACK_BYTES = 32 << 20
 
-def _pack(path: Path, values: Mapping[str, Any]) -> dict[str, tuple[str, int, str, list[int]]]:
-    """``values`` back to back in one file (raw, C order, aligned); per value its file,
-    offset, dtype and shape. One file per chunk, not per tensor: the parent maps each once
-    (``TensorStore.adopt``), and 20,000 small files cost minutes to open and delete."""
-    placed: dict[str, tuple[str, int, str, list[int]]] = {}
+
+class _Packer:
+    """Values written back to back into files of about ``PACK_BYTES`` (raw, C order,
+    aligned), as they come; ``placed`` says where each is."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.placed: Placed = {}
+        self._file: BinaryIO | None = None
+        self._count = 0
+
+    def put(self, name: str, value: npt.NDArray[Any]) -> None:
+        if self._file is None or self._file.tell() >= PACK_BYTES:
+            self.close()
+            self._file = open(self.out_dir / f"values{self._count:05d}.bin", "wb")  # noqa: SIM115
+            self._count += 1
+        self.placed[name] = _write(self._file, value)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _write(f: BinaryIO, value: npt.NDArray[Any]) -> tuple[str, int, str, list[int]]:
+    array = np.asarray(value, order="C")  # ascontiguousarray would make 0-d 1-d
+    offset = -(-f.tell() // _ALIGN) * _ALIGN
+    f.write(b"\0" * (offset - f.tell()))
+    f.write(array.reshape(-1).view(np.uint8).data)
+    return (f.name, offset, array.dtype.str, list(array.shape))
+
+
+def _pack(path: Path, values: Mapping[str, Any]) -> Placed:
+    """``values`` back to back in one file; per value its file, offset, dtype and shape."""
     with open(path, "wb") as f:
-        for name, value in values.items():
-            array = np.asarray(value, order="C")  # ascontiguousarray would make 0-d 1-d
-            offset = -(-f.tell() // _ALIGN) * _ALIGN
-            f.write(b"\0" * (offset - f.tell()))
-            f.write(array.reshape(-1).view(np.uint8).data)
-            placed[name] = (str(path), offset, array.dtype.str, list(array.shape))
-    return placed
+        return {name: _write(f, value) for name, value in values.items()}
+
+
+class _Reader:
+    """Values written by ``_Packer`` or ``_pack``, read back through a map of one file at a
+    time (the one asked for last), so that no more than a file is resident."""
+
+    def __init__(self, placed: Placed) -> None:
+        self.placed = placed
+        self._path: str | None = None
+        self._map: npt.NDArray[np.uint8] | None = None
+
+    def get(self, name: str) -> npt.NDArray[Any]:
+        path, offset, dtype, shape = self.placed[name]
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if not size:  # an empty file cannot be mapped
+            return np.empty(shape, dtype)
+        if path != self._path or self._map is None:
+            self._map, self._path = np.asarray(np.memmap(path, np.uint8, mode="r")), path
+        return self._map[offset : offset + size].view(dtype).reshape(shape)

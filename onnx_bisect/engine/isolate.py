@@ -87,8 +87,8 @@ def isolate(
     nodes stand alone.
     """
     model = loaded or session.loaded
-    limit = min(session.budget, ISOLATION_BATCH_BYTES) if budget is None else budget
-    limit = min(limit, session.budget // _workers(session))  # batches in flight share it
+    limit = min(session.memory.isolation, ISOLATION_BATCH_BYTES) if budget is None else budget
+    limit = min(limit, session.memory.isolation // _workers(session))  # in flight share it
     known = set(model.initializers) | set(session.feeds) | {""}
     todo = [
         n

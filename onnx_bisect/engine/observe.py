@@ -8,14 +8,14 @@ run through it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy.typing as npt
 import onnx
 
-from onnx_bisect.backends.protocol import Backend, Tensors
+from onnx_bisect.backends.protocol import Backend
 from onnx_bisect.compare.criterion import Comparison
 from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.engine.runs import plan_chunks, run_pair, timed_run
@@ -34,8 +34,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -57,15 +55,16 @@ def probe_runs(
     names: Sequence[str],
     sizes: Mapping[str, int | None],
     budget: int,
-    run: Callable[[onnx.ModelProto], T],
-) -> Iterator[tuple[list[str], T]]:
-    """``names`` marked as outputs of ``model`` in chunks of at most ``budget`` bytes; yields
-    each chunk with what ``run`` returned for that chunk's model."""
+    use: Callable[[list[str], onnx.ModelProto], None],
+) -> None:
+    """``names`` marked as outputs of ``model`` in chunks of at most ``budget`` bytes; ``use``
+    runs each chunk's model. A callback, not a generator: what ``use`` computed for one chunk
+    is gone before the next runs (a loop variable would hold it through the next run)."""
     chunks = plan_chunks(names, sizes, budget)
     log.debug("%d probes in %s", len(names), plural(len(chunks), "chunk"))
     for i, chunk in enumerate(chunks):
         log.debug("probe run %d/%d (%d tensors)", i + 1, len(chunks), len(chunk))
-        yield chunk, run(with_outputs(model, chunk))
+        use(chunk, with_outputs(model, chunk))
 
 
 def screen(session: Session) -> Observed:
@@ -95,9 +94,9 @@ def screen(session: Session) -> Observed:
 def answered(
     name: str,
     ref: Backend,
-    ref_out: Mapping[str, Any],
+    ref_out: Container[str],
     target: Backend | None,
-    tgt_out: Mapping[str, Any],
+    tgt_out: Container[str],
 ) -> bool:
     """A partial backend (a dump) that does not hold a tensor says nothing about it."""
     missing_ref = name not in ref_out and ref.capabilities.partial
@@ -106,36 +105,45 @@ def answered(
 
 
 def scan(session: Session, store: TensorStore, *, observe_target: bool = True) -> Observed:
-    """Both backends with every probe marked, in chunks of at most the memory budget.
+    """Both backends with every probe marked, in chunks within the memory budget.
 
     The reference's values go to ``store`` for isolation; the target's are compared and dropped
     (its final outputs are kept). Without ``observe_target`` only the reference runs, to fill
-    ``store`` for a search that observes the target elsewhere.
+    ``store`` for a search that observes the target elsewhere. The two run side by side when
+    the budget holds a chunk of each (``MemoryPlan.pair``); otherwise the reference's values
+    are stored and dropped before the target runs, and each chunk may be twice as large.
     """
     s, loaded = session, session.loaded
-
-    def run(marked: onnx.ModelProto) -> tuple[Tensors, Tensors | None]:
-        if not observe_target:
-            return timed_run(s.ref, marked, s.feeds, "ref", s.stats), None
-        return run_pair(
-            lambda: timed_run(s.ref, marked, s.feeds, "ref", s.stats),
-            lambda: timed_run(s.target, marked, s.feeds, "target", s.stats),
-            s.options.parallel,
-        )
-
+    pair = observe_target and s.options.parallel and s.memory.pair
     comparisons: dict[str, Comparison] = {}
     finals: dict[str, npt.NDArray[Any]] = {}
     outputs = set(loaded.outputs)
-    for chunk, (ref_out, tgt_out) in probe_runs(
-        loaded.model, loaded.probes, s.sizes, s.budget, run
-    ):
-        for name in chunk:
-            if name not in ref_out:  # a dump reference that does not hold it
-                continue
+
+    def use(chunk: list[str], marked: onnx.ModelProto) -> None:
+        if pair:
+            ref_out, tgt_out = run_pair(
+                lambda: timed_run(s.ref, marked, s.feeds, "ref", s.stats),
+                lambda: timed_run(s.target, marked, s.feeds, "target", s.stats),
+            )
+        else:
+            ref_out, tgt_out = timed_run(s.ref, marked, s.feeds, "ref", s.stats), None
+        held = [n for n in chunk if n in ref_out]  # a dump reference may lack some
+        for name in held:
             store.put(name, ref_out[name])
-            if tgt_out is None or not answered(name, s.ref, ref_out, s.target, tgt_out):
+        if not observe_target:
+            return
+        ref_names = set(held)
+        if tgt_out is None:
+            del ref_out  # in the store now; the target's run gets its room
+            tgt_out = timed_run(s.target, marked, s.feeds, "target", s.stats)
+        for name in held:
+            if not answered(name, s.ref, ref_names, s.target, tgt_out):
                 continue
-            comparisons[name] = compare_tensors(name, ref_out[name], tgt_out.get(name), s.crit)
+            ref_value = store.get(name)
+            comparisons[name] = compare_tensors(name, ref_value, tgt_out.get(name), s.crit)
             if name in outputs and name in tgt_out:
                 finals[name] = tgt_out[name]
+
+    chunk_bytes = s.memory.chunk(runtimes=2 if pair else 1)
+    probe_runs(loaded.model, loaded.probes, s.sizes, chunk_bytes, use)
     return Observed(comparisons, finals)

@@ -18,11 +18,11 @@ from typing import Any, TypeVar
 import numpy.typing as npt
 import onnx
 
-from onnx_bisect.backends.protocol import Backend, Tensors
+from onnx_bisect.backends.protocol import Backend, BackendBase, Emit, Tensors
 from onnx_bisect.engine.progress import count_run
-from onnx_bisect.errors import BackendError, InputError
+from onnx_bisect.errors import BackendError
 
-__all__ = ["RunStats", "check_budget", "plan_chunks", "run_pair", "timed_run"]
+__all__ = ["RunStats", "plan_chunks", "run_pair", "timed_run", "timed_stream"]
 
 T = TypeVar("T")
 
@@ -71,23 +71,6 @@ def plan_chunks(
     return chunks
 
 
-def check_budget(names: Sequence[str], sizes: Mapping[str, int | None], budget: int) -> None:
-    """A budget below the largest of ``names`` would still run that tensor, alone: one run per
-    tensor, hundreds of them on a small model, and the budget broken all the same. Known once
-    shapes are inferred, so it fails before any run."""
-    known = [(size, name) for name in names if (size := sizes.get(name)) is not None]
-    if not known:
-        return
-    largest, name = max(known)
-    if budget < largest:
-        kib = -(-largest // 1024)
-        raise InputError(
-            f"max_memory {budget} cannot hold the largest tensor, {name!r} ({largest} bytes); "
-            f"give at least {largest} ({kib}KB)",
-            option="max_memory",
-        )
-
-
 def timed_run(
     backend: Backend,
     model: onnx.ModelProto,
@@ -103,6 +86,22 @@ def timed_run(
         raise type(exc)(
             f"{who} failed: {exc}", node=exc.node, role=role, detail=exc.detail
         ) from exc
+    finally:
+        stats.record(role, time.perf_counter() - start)
+
+
+def timed_stream(
+    backend: BackendBase,
+    model: onnx.ModelProto,
+    feeds: Mapping[str, npt.NDArray[Any]],
+    emit: Emit,
+    role: str,
+    stats: RunStats,
+) -> None:
+    """``backend.stream``, counted and timed as one run of ``role``."""
+    start = time.perf_counter()
+    try:
+        backend.stream(model, feeds, emit)
     finally:
         stats.record(role, time.perf_counter() - start)
 

@@ -21,10 +21,10 @@ import numpy.typing as npt
 from onnx_bisect.backends.protocol import Backend
 from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.compare.topk import TopKSpec
+from onnx_bisect.engine.memory import MemoryPlan
 from onnx_bisect.engine.progress import NoProgress, Progress, phase
 from onnx_bisect.engine.runs import RunStats
 from onnx_bisect.engine.store import TensorStore
-from onnx_bisect.graph.sizes import probe_bytes
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.options import BisectOptions
 from onnx_bisect.result import BackendInfo
@@ -88,6 +88,7 @@ class Session:
     criterion: Criterion
     sizes: Mapping[str, int | None]
     scratch: Path
+    memory: MemoryPlan
     stats: RunStats = field(default_factory=RunStats)
     timer: StageTimer = field(default_factory=StageTimer)
     notes: list[str] = field(default_factory=list)
@@ -133,14 +134,10 @@ class Session:
     def options(self) -> BisectOptions:
         return self.setup.options
 
-    @property
-    def budget(self) -> int:
-        return self.setup.options.max_memory
-
     def store(self, name: str, factor: int = 1) -> TensorStore:
-        """A store for ``factor`` × every probe: in memory within the budget, else on disk."""
-        fits = factor * probe_bytes(self.loaded, self.sizes) <= self.budget
-        return TensorStore(None if fits else self.scratch / name)
+        """A store for ``factor`` × every probe: in memory when the memory plan keeps it
+        there (a small share of the budget), else on disk."""
+        return TensorStore(None if self.memory.keeps(factor) else self.scratch / name)
 
 
 @contextmanager

@@ -7,6 +7,7 @@ isolation, so beyond the memory budget they are written to disk once and mapped 
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ class TensorStore:
         self._arrays: dict[str, npt.NDArray[Any]] = {}
         self._meta: dict[str, TensorMeta] = {}
         self._packed: dict[str, tuple[Path, int]] = {}
-        self._maps: dict[Path, npt.NDArray[np.uint8]] = {}
+        self._maps: OrderedDict[Path, npt.NDArray[np.uint8]] = OrderedDict()
         self._count = 0
 
     def put(self, name: str, value: npt.NDArray[Any]) -> None:
@@ -76,6 +77,9 @@ class TensorStore:
         if whole is None:
             # A plain ndarray over the map: views of a memmap run Python code each.
             whole = self._maps[path] = np.asarray(np.memmap(path, np.uint8, mode="r"))
+            _evict(self._maps)
+        else:
+            self._maps.move_to_end(path)
         return whole[offset : offset + size].view(m.dtype).reshape(m.shape)
 
     def meta(self, name: str) -> TensorMeta:
@@ -104,3 +108,16 @@ class TensorStore:
         view._packed = {k: self._packed[v] for k, v in keep.items() if v in self._packed}
         view._maps = self._maps
         return view
+
+
+# Bytes of packed files kept mapped, the most recently used first. A map keeps every page read
+# through it resident until it is dropped; unbounded, a scan that reads every float64 value
+# would hold all of them (twice the model's activations), whatever the memory budget.
+MAPPED_BYTES = 64 << 20
+
+
+def _evict(maps: OrderedDict[Path, npt.NDArray[np.uint8]]) -> None:
+    """Drop the least recently used maps past ``MAPPED_BYTES``, never the newest (views
+    handed out keep theirs alive until they go)."""
+    while len(maps) > 1 and sum(m.nbytes for m in maps.values()) > MAPPED_BYTES:
+        maps.popitem(last=False)

@@ -13,7 +13,6 @@ from dataclasses import replace
 
 import onnx
 
-from onnx_bisect.backends.protocol import Tensors
 from onnx_bisect.compare.criterion import Comparison
 from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.engine.chain import chain_from
@@ -110,14 +109,15 @@ def two_model_strategy(session: Session, screened: Observed) -> Found:
         shapes = {k: v.shape for k, v in s.feeds.items()}
         other_sizes = tensor_nbytes(fix_input_shapes(other.model, shapes))
 
-        def run(marked: onnx.ModelProto) -> Tensors:
-            return timed_run(s.target, marked, s.feeds, "target", s.stats)
-
         comparisons: dict[str, Comparison] = {}
-        for chunk, out in probe_runs(other.model, list(pairs), other_sizes, s.budget, run):
+
+        def use(chunk: list[str], marked: onnx.ModelProto) -> None:
+            out = timed_run(s.target, marked, s.feeds, "target", s.stats)
             for name in chunk:
                 ref_value = store.get(pairs[name])
                 comparisons[name] = compare_tensors(name, ref_value, out.get(name), s.crit)
+
+        probe_runs(other.model, list(pairs), other_sizes, s.memory.chunk(), use)
     view = store.view(pairs)
     # The target model's own constant arithmetic (weights folded at run time) has no
     # counterpart; the reference backend computes it from the target model, so isolation

@@ -13,7 +13,7 @@ from typing import Any
 import numpy.typing as npt
 import onnx
 
-from onnx_bisect.backends.protocol import BackendBase, Tensors
+from onnx_bisect.backends.protocol import BackendBase, Capabilities, Emit, Tensors
 from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.backends.torch.devices import check_device, present_devices, torch_missing
 from onnx_bisect.backends.torch.options import TorchOptions
@@ -23,6 +23,9 @@ __all__ = ["TorchBackend"]
 
 
 class TorchBackend(BackendBase):
+    # Eager, node by node: each probe can be handed over as soon as its node has run.
+    capabilities = Capabilities(streams=True)
+
     def __init__(self, spec: BackendSpec) -> None:
         super().__init__(spec)
         self.options = TorchOptions.parse(spec)  # a bad spec is a usage error even without torch
@@ -45,6 +48,40 @@ class TorchBackend(BackendBase):
     def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
         return self.run_compiled(model, feeds, self.options.compile)
 
+    def _stream(
+        self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]], emit: Emit
+    ) -> None:
+        """Eagerly (a ``compile=`` spec streams its eager run: the oracle's use), each
+        output copied to numpy and handed over as its node finishes."""
+        import torch
+
+        from onnx_bisect.backends.torch.context import to_numpy
+        from onnx_bisect.backends.torch.numerics import intra_op_threads, numerics
+
+        program = self._program(model)
+        inputs = program.feed(feeds)
+
+        def take(name: str, value: torch.Tensor | None) -> None:
+            if value is not None:
+                emit(name, to_numpy(value))
+
+        o = self.options
+        policy = numerics(tf32=o.tf32, deterministic=o.deterministic)
+        with policy, intra_op_threads(o.threads), torch.inference_mode():
+            program.run(inputs, emit=take)
+
+    def _program(self, model: onnx.ModelProto) -> Any:
+        import torch
+
+        from onnx_bisect.backends.torch.interpreter import Program, WeightCache
+
+        o = self.options
+        policy = getattr(torch, o.dtype) if o.dtype else None
+        opsets = {_domain(i.domain): i.version for i in model.opset_import}
+        if self._weights is None:
+            self._weights = WeightCache()
+        return Program(model.graph, opsets, torch.device(o.device), policy, self._weights)
+
     def run_compiled(
         self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]], compiler: str | None
     ) -> Tensors:
@@ -53,16 +90,10 @@ class TorchBackend(BackendBase):
         import torch
 
         from onnx_bisect.backends.torch.context import to_numpy
-        from onnx_bisect.backends.torch.interpreter import Program, WeightCache
         from onnx_bisect.backends.torch.numerics import intra_op_threads, numerics
 
         o = self.options
-        device = torch.device(o.device)
-        policy = getattr(torch, o.dtype) if o.dtype else None
-        opsets = {_domain(i.domain): i.version for i in model.opset_import}
-        if self._weights is None:
-            self._weights = WeightCache()
-        program = Program(model.graph, opsets, device, policy, self._weights)
+        program = self._program(model)
         inputs = program.feed(feeds)
         with numerics(tf32=o.tf32, deterministic=o.deterministic), intra_op_threads(o.threads):
             if compiler:

@@ -8,7 +8,7 @@ memory stays at what the live tensors need.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,17 +90,22 @@ class Program:
         wanted: Sequence[str] | None = None,
         outer: Mapping[str, torch.Tensor | None] | None = None,
         known: Mapping[str, torch.Tensor | None] | None = None,
+        emit: Callable[[str, torch.Tensor | None], None] | None = None,
     ) -> dict[str, torch.Tensor | None]:
         """The ``wanted`` tensors (default: the graph's outputs) computed from ``feeds``.
 
         ``known`` holds values computed before (a compiled run's folded constants): a node
-        whose outputs are all known is not run."""
+        whose outputs are all known is not run. With ``emit``, each wanted tensor goes to it
+        as soon as it is computed and is then freed like any other (nothing is returned): a
+        run over every probe holds what is live, not what was asked for."""
         wanted = list(self.outputs if wanted is None else wanted)
         env: dict[str, torch.Tensor | None] = dict(outer or {})
         env.update(self.constants)
         env.update(feeds)
         env.update(known or {})
-        keep = frozenset(wanted)
+        keep = frozenset(wanted) if emit is None else frozenset()
+        emitting = frozenset(wanted) if emit is not None else frozenset()
+        send = emit or _drop
         last = self._plans.get(keep)
         if last is None:
             last = self._plans[keep] = _last_uses(self.steps, keep)
@@ -113,6 +118,8 @@ class Program:
                 for name, value in zip(step.node.output, results, strict=False):
                     if name:
                         env[name] = value
+                        if name in emitting:
+                            send(name, value)
                 for name in last.get(i, ()):
                     env.pop(name, None)
         finally:
@@ -120,6 +127,8 @@ class Program:
             # outputs through the caller's next run (the program is in a reference cycle
             # with its ops' contexts, so only the cyclic collector would free it).
             self._scope = {}
+        if emit is not None:
+            return {}
         missing = [n for n in wanted if n not in env]
         if missing:
             raise BackendError(f"the graph does not compute {', '.join(missing[:5])}")
@@ -166,6 +175,10 @@ class WeightCache:
             self._kept[key] = (raw, tensor)
             self._bytes += len(raw)
         return tensor
+
+
+def _drop(name: str, value: torch.Tensor | None) -> None:
+    pass
 
 
 def _call(step: _Step, inputs: list[torch.Tensor | None]) -> Sequence[torch.Tensor | None]:
