@@ -30,6 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import onnx
@@ -119,12 +120,13 @@ def measure(
     timeout: float | None = None,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
-    stdout: int | None = subprocess.DEVNULL,
+    stdout: int | IO[bytes] | None = subprocess.DEVNULL,
+    stderr: int | IO[bytes] | None = None,
 ) -> TreePeak:
     """Run ``argv`` to its end and return the peaks of its process tree's resident memory."""
     start = time.perf_counter()
     proc = subprocess.Popen(
-        list(argv), env=None if env is None else dict(env), cwd=cwd, stdout=stdout
+        list(argv), env=None if env is None else dict(env), cwd=cwd, stdout=stdout, stderr=stderr
     )
     peaks = [0, 0, 0, 0, 0]  # tree, main, children, samples, most processes
     done = threading.Event()

@@ -127,7 +127,7 @@ def test_the_process_tree_stays_within_budget_weights_and_overhead(tmp_path: Pat
     weights = sum(t.ByteSize() for t in model.graph.initializer)
     runtime = [sys.executable, str(FAULTY_RUNTIME), "{model}", "{inputs}", "{outputs}"]
     target = "exec:" + shlex.join([*runtime, "--fault", f"{FAULT}=0.05"])
-    entry = "from onnx_bisect.cli import bisect_entry; bisect_entry()"
+    entry = "from onnx_bisect.entry import bisect_entry; bisect_entry()"
     argv = [sys.executable, "-c", entry, str(path), "--ref", "cpu", "--target", target,
             "--max-memory", "64MB", "--out", str(tmp_path / "out"), "--quiet"]  # fmt: skip
     peak = measure(argv, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=900)
