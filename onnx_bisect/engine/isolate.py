@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -104,17 +104,20 @@ def isolate(
     batches = _batches([n for n in todo if not n.implicit_inputs], sizes, limit)
     batches += [[n] for n in todo if n.implicit_inputs]
     results: dict[str, dict[str, Comparison] | IsolationFailure] = {}
-    for batch, outcome in _run_batches(session, model, store, batches):
+
+    def use(batch: list[NodeInfo], outcome: Outcome) -> None:
         if isinstance(outcome, BackendError):  # a node the target cannot run alone
             name = batch[0].name
             results[name] = IsolationFailure(
                 str(outcome), isinstance(outcome, BackendCrash), outcome.full
             )
-            continue
+            return
         for n in batch:
             results[n.name] = {
                 t: compare_tensors(t, store.get(t), outcome.get(t), session.crit) for t in n.outputs
             }
+
+    _run_batches(session, model, store, batches, use)
     return {n.name: results[n.name] for n in todo}  # in graph order, however they ran
 
 
@@ -122,10 +125,15 @@ Outcome = Tensors | BackendError
 
 
 def _run_batches(
-    session: Session, loaded: LoadedModel, store: TensorStore, batches: list[list[NodeInfo]]
-) -> list[tuple[list[NodeInfo], Outcome]]:
-    """Each batch's outputs on the target; a batch it cannot run is split in halves until
-    the failing nodes stand alone (their error is their outcome).
+    session: Session,
+    loaded: LoadedModel,
+    store: TensorStore,
+    batches: list[list[NodeInfo]],
+    use: Callable[[list[NodeInfo], Outcome], None],
+) -> None:
+    """Each batch's outputs on the target, to ``use`` as each wave settles (kept until the
+    end, every node's outputs would be held at once); a batch it cannot run is split in
+    halves until the failing nodes stand alone (their error is their outcome).
 
     Where every run is a process of its own, ``workers`` batches run at once: the batches
     are independent, and a diagnosis of a 20,000-node model through exec: spent most of its
@@ -134,7 +142,6 @@ def _run_batches(
     is not blamed for that.
     """
     workers = _workers(session)
-    done: list[tuple[list[NodeInfo], Outcome]] = []
     pending = list(reversed(batches))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="isolate") as pool:
         while pending:
@@ -146,15 +153,17 @@ def _run_batches(
             ]
             # The whole wave first: a retry alone must not overlap a run still going.
             outcomes = [job.result() for job in jobs]
-            for batch, outcome in zip(wave, outcomes, strict=True):
+            del jobs  # each future holds its outcome
+            for i, batch in enumerate(wave):
+                outcome, outcomes[i] = outcomes[i], {}
                 if isinstance(outcome, BackendError) and len(wave) > 1:
                     outcome = _attempt(session, loaded, store, batch)
                 if not isinstance(outcome, BackendError) or len(batch) == 1:
-                    done.append((batch, outcome))
+                    use(batch, outcome)
+                    del outcome  # not held through the next wave
                     continue
                 half = len(batch) // 2
                 pending += [batch[half:], batch[:half]]
-    return done
 
 
 def _workers(session: Session) -> int:
