@@ -17,7 +17,8 @@ from onnx_bisect.compare.metrics import (
     rel_l2,
     sqnr_db,
 )
-from onnx_bisect.compare.tensors import compare_tensors
+from onnx_bisect.compare.noise import NoiseFloor
+from onnx_bisect.compare.tensors import _reference_off, compare_tensors
 
 F32 = np.float32
 REF = np.array([3.0, 0.0, -4.0, 0.0], F32)  # ‖REF‖ = 5
@@ -407,3 +408,21 @@ def test_block_by_block_comparison_equals_the_whole_tensor() -> None:
     assert c.status is Status.DIVERGED and c.metrics["max_abs"] == pytest.approx(7.0, rel=1e-6)
     tgt[2 * COMPARE_BLOCK + 1] = np.nan
     assert compare_tensors("t", ref, tgt, Criterion()).nonfinite_mismatch == 1
+
+
+@pytest.mark.parametrize("ref_error", [0.0, 1e-7, 1e-4, 1e-2])
+@pytest.mark.parametrize("target_error", [0.0, 1e-7, 1e-2])
+def test_reference_off_shortcut_agrees_with_the_full_check(
+    ref_error: float, target_error: float
+) -> None:
+    """``compare_tensors`` skips the three-way check when the reference's noise floor is
+    within the bound; the verdict must be the one the full check gives."""
+    rng = np.random.default_rng(7)
+    exact = rng.standard_normal(4096)
+    ref = (exact * (1 + ref_error * rng.standard_normal(4096))).astype(np.float32)
+    target = (exact * (1 + target_error * rng.standard_normal(4096))).astype(np.float32)
+    floors = NoiseFloor({"t": exact}, {"t": 1e-7})
+    crit = Criterion(noise=floors, truth=floors.truth)
+    full = _reference_off("t", ref, target, crit, None)
+    assert compare_tensors("t", ref, target, crit).reference_off == bool(full)
+    assert bool(full) == (ref_error >= 1e-4 and target_error < 1e-4)
