@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint typecheck pytest bench bench-scale models clean
+.PHONY: demo test test-fast lint typecheck pytest bench bench-scale bench-memory models clean
 
 $(STAMP): pyproject.toml constraints-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,8 +44,15 @@ bench: $(STAMP)
 bench-scale: $(STAMP)
 	$(BIN)/python benchmarks/bench_scale.py
 
+# Peak memory of the process tree under --max-memory (conv nets with huge intermediates), in
+# bench-memory/. The big net takes about 6 minutes a row.
+bench-memory: $(STAMP)
+	$(BIN)/python benchmarks/bench_memory.py --nets small --budgets 80MB,256MB,1GB
+	$(BIN)/python benchmarks/bench_memory.py --nets big --budgets 1088MB,4GB
+	$(BIN)/python benchmarks/bench_memory.py --nets big --budgets 1GB --threshold 1e-3
+
 models: $(STAMP)
 	$(BIN)/python examples/build_models.py
 
 clean:
-	rm -rf $(VENV) demo-report bench-out bench-scale
+	rm -rf $(VENV) demo-report bench-out bench-scale bench-memory

@@ -2,7 +2,8 @@
 """Benchmark: does ``--max-memory`` bound the whole process tree? A memory-budget table.
 
     python benchmarks/bench_memory.py [--nets small,big] [--budgets 256MB,1GB,4GB,64GB]
-                                      [--target exec|cpu] [--out bench-memory]
+                                      [--threshold auto|1e-3] [--target exec|cpu]
+                                      [--out bench-memory]
 
 Nets (``benchmarks/memtree.conv_net``: residual blocks of a 3x3 depthwise Conv, Relu, 1x1 Conv
 and Add on 1x64xHxW float32; weights of a few kilobytes, so the budget is all that counts):
@@ -20,6 +21,7 @@ isolates without a fault). The process tree's resident memory is sampled every 2
 
 Columns
     net, budget     the model and ``--max-memory`` (binary units, as the CLI reads them)
+    thresh.         ``--threshold`` (auto: the float64 oracle runs, and needs twice the room)
     interm.         bytes of every tensor the net computes
     peak tree       peak of the summed resident memory of the tree, MiB
     overhead        peak tree - budget - weights, MiB: what the budget does not cover
@@ -61,6 +63,7 @@ MIB = 1 << 20
 class Row:
     net: str
     budget: str
+    threshold: str
     budget_bytes: int
     intermediates: int
     weights: int
@@ -85,7 +88,9 @@ class Row:
         return "PASS" if ok else "FAIL"
 
 
-def _command(model: Path, budget: str, target: str, out: Path, code: Path) -> list[str]:
+def _command(
+    model: Path, budget: str, threshold: str, target: str, out: Path, code: Path
+) -> list[str]:
     py = sys.executable
     if target == "exec":
         runtime = [py, str(code / "examples" / "faulty_runtime.py"), "{model}", "{inputs}"]
@@ -95,10 +100,13 @@ def _command(model: Path, budget: str, target: str, out: Path, code: Path) -> li
         spec, extra = "cpu?opt=disable", ["--always-scan"]
     entry = "from onnx_bisect.entry import bisect_entry; bisect_entry()"
     return [py, "-c", entry, str(model), "--ref", "cpu", "--target", spec,
-            "--max-memory", budget, "--out", str(out), "--quiet", *extra]  # fmt: skip
+            "--max-memory", budget, "--threshold", threshold, "--out", str(out), "--quiet",
+            *extra]  # fmt: skip
 
 
-def run_row(net: str, budget: str, target: str, out: Path, code: Path = REPO) -> Row:
+def run_row(
+    net: str, budget: str, target: str, out: Path, code: Path = REPO, threshold: str = "auto"
+) -> Row:
     blocks, size = NETS[net]
     model_path = out / f"{net}.onnx"
     if not model_path.exists():
@@ -108,10 +116,10 @@ def run_row(net: str, budget: str, target: str, out: Path, code: Path = REPO) ->
     import onnx
 
     weights = sum(t.ByteSize() for t in onnx.load(model_path).graph.initializer)
-    report_dir = out / f"{net}-{budget}-{target}"
-    log = out / f"{net}-{budget}-{target}.log"
+    report_dir = out / f"{net}-{budget}-{threshold}-{target}"
+    log = out / f"{net}-{budget}-{threshold}-{target}.log"
     env = dict(os.environ, PYTHONPATH=str(code))
-    argv = _command(model_path, budget, target, report_dir, code)
+    argv = _command(model_path, budget, threshold, target, report_dir, code)
     with open(log, "wb") as f:
         # From the checkout's own directory: ``python -c`` puts the cwd first on sys.path.
         peak = measure(argv, env=env, cwd=code, stdout=f, stderr=subprocess.STDOUT)
@@ -126,21 +134,22 @@ def run_row(net: str, budget: str, target: str, out: Path, code: Path = REPO) ->
             cause = data.get("root_cause") or {}
             culprit = tuple(cause.get("nodes", ())) == (FAULT,)
     return Row(
-        net, budget, parse_bytes(budget), intermediate_bytes(blocks, size), weights,
+        net, budget, threshold, parse_bytes(budget), intermediate_bytes(blocks, size), weights,
         peak.peak_tree, peak.peak_main, peak.peak_children, peak.wall_s, peak.returncode,
         runs, culprit, message[0] if message and peak.returncode == 2 else "",
     )  # fmt: skip
 
 
 def _table(rows: list[Row]) -> str:
-    head = (f"{'net':6} {'budget':>7} {'interm.':>9} {'peak tree':>10} {'overhead':>9} "
-            f"{'wall s':>7} {'runs':>22} {'culprit':>8} result")  # fmt: skip
+    head = (f"{'net':6} {'budget':>7} {'thresh.':>7} {'interm.':>9} {'peak tree':>10} "
+            f"{'overhead':>9} {'wall s':>7} {'runs':>22} {'culprit':>8} result")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in rows:
         runs = ", ".join(f"{k} {v}" for k, v in r.runs.items())
         found = "-" if r.culprit is None else ("yes" if r.culprit else "NO")
         lines.append(
-            f"{r.net:6} {r.budget:>7} {r.intermediates / MIB:>6.0f}MiB {r.peak_tree / MIB:>7.0f}MiB"
+            f"{r.net:6} {r.budget:>7} {r.threshold:>7} {r.intermediates / MIB:>6.0f}MiB"
+            f" {r.peak_tree / MIB:>7.0f}MiB"
             f" {r.overhead / MIB:>6.0f}MiB {r.wall_s:>7.1f} {runs:>22} {found:>8} {r.result}"
         )
         if r.message:
@@ -153,6 +162,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--nets", default="small,big")
     p.add_argument("--budgets", default="256MB,1GB,4GB,64GB")
     p.add_argument("--target", choices=("exec", "cpu"), default="exec")
+    p.add_argument("--threshold", default="auto", help="passed on (auto runs the float64 oracle)")
     p.add_argument("--out", type=Path, default=Path("bench-memory"))
     p.add_argument(
         "--code", type=Path, default=REPO, help="the onnx-bisect checkout to run (before/after)"
@@ -165,7 +175,7 @@ def main(argv: list[str]) -> int:
     load = os.getloadavg()[0]
     for net in args.nets.split(","):
         for budget in args.budgets.split(","):
-            row = run_row(net, budget, args.target, args.out, args.code.resolve())
+            row = run_row(net, budget, args.target, args.out, args.code.resolve(), args.threshold)
             rows.append(row)
             print(_table([row]).splitlines()[-1 if not row.message else -2], flush=True)
     print()
