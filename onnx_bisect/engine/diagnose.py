@@ -182,6 +182,8 @@ def _float64_or_none(
     try:
         return measure_float64(session, names, in_child=in_child)
     except BackendError as exc:
+        if session.cancelled.is_set():
+            return None  # settled without it (``observe.screen``): nothing to say
         session.notes.append(
             f"--threshold auto: no float64 values ({exc}); fell back to rel_l2 > 1e-3 with "
             f"max_abs > {FALLBACK_ABS_FLOOR:g} × max(1, |reference|)"
@@ -192,12 +194,13 @@ def _float64_or_none(
 Screened = Observed | BackendError
 
 
-def screen_session(session: Session) -> Screened:
+def screen_session(session: Session, *, final: bool = False) -> Screened:
     """The plain runs of both backends. The target's error is returned, being a finding; the
-    reference's is raised, being a usage problem."""
+    reference's is raised, being a usage problem. ``final``: agreeing outputs end the
+    diagnosis (see ``screen``)."""
     try:
         with session.timer.stage("screen"):
-            return screen(session)
+            return screen(session, final=final)
     except BackendError as exc:
         if exc.role != "target":
             raise
@@ -208,14 +211,15 @@ def diagnose(session: Session, screened: Screened | None = None) -> Diagnosis:
     """Screen (unless ``screened`` holds the outcome already); a failure goes to the failure
     search, a divergence to the chosen strategy."""
     options = session.options
+    # After a transform the per-tensor picture is the point (fp16's error curve, proof that
+    # no renamed tensor moved), so the scan runs even when the outputs agree.
+    scans_anyway = options.always_scan or bool(session.setup.transforms)
     if screened is None:
-        screened = screen_session(session)
+        screened = screen_session(session, final=not scans_anyway)
     if isinstance(screened, BackendError):
         log.info("the target failed on the whole model; searching for the node")
         return Diagnosis(None, failure_search(session, screened), diverged=True)
-    # After a transform the per-tensor picture is the point (fp16's error curve, proof that
-    # no renamed tensor moved), so the scan runs even when the outputs agree.
-    if not screened.diverged and not options.always_scan and not session.setup.transforms:
+    if not screened.diverged and not scans_anyway:
         log.info("the final outputs agree; nothing more to run")
         return Diagnosis(screened, None, diverged=False)
     strategy = choose(session)

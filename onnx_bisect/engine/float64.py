@@ -86,6 +86,8 @@ def measure_float64(
         )
     why_not: list[str] = []
     for spec, twin in FLOAT64_ORACLES:
+        if session.cancelled.is_set():
+            raise BackendError("not needed any more")
         try:
             if spec == ORACLE and in_child and _child_can_run(session):
                 measured = _in_child(session, names)
@@ -177,6 +179,7 @@ def _in_child(session: Session, names: Sequence[str] | None = None) -> _Measured
         "out": str(work / "values"),
     }
     child = float64_child.take_child()
+    s.on_cancel(child.close)
     try:
         answer = child.compute(job)
     except ChildProcessError as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -93,6 +94,10 @@ class Session:
     timer: StageTimer = field(default_factory=StageTimer)
     notes: list[str] = field(default_factory=list)
     _pending: Future[Criterion] | None = field(default=None, repr=False)
+    # Set when the criterion being measured is no longer wanted (``settle``); the float64
+    # oracle checks it and registers how to stop its child (``on_cancel``).
+    cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+    _cancel_hooks: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     @property
     def crit(self) -> Criterion:
@@ -117,6 +122,30 @@ class Session:
         # A copy of this context: the job's runs are counted in the phase it opens itself.
         self._pending = pool.submit(contextvars.copy_context().run, job)
         pool.shutdown(wait=False)
+
+    def criterion_pending(self) -> bool:
+        """Whether the criterion is still being measured."""
+        return self._pending is not None and not self._pending.done()
+
+    def settle(self, crit: Criterion) -> bool:
+        """Use ``crit`` and stop measuring the pending criterion (its child is stopped, its
+        thread ends without trying another oracle). False, keeping the measured criterion,
+        when that finished first."""
+        pending = self._pending
+        if pending is None or pending.done():
+            return False
+        self._pending, self.criterion = None, crit
+        self.cancelled.set()
+        for hook in list(self._cancel_hooks):
+            hook()
+        pending.cancel()  # one that never started never runs
+        return True
+
+    def on_cancel(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` if the pending criterion is abandoned (now, if it already is)."""
+        self._cancel_hooks.append(hook)
+        if self.cancelled.is_set():
+            hook()
 
     @property
     def loaded(self) -> LoadedModel:
