@@ -15,8 +15,8 @@ import pytest
 import onnx_bisect
 from onnx_bisect.engine import diagnose
 from onnx_bisect.engine.float64 import Float64Run, measure_float64
+from onnx_bisect.engine.progress import Abandoned
 from onnx_bisect.engine.session import Session
-from onnx_bisect.errors import BackendError
 from tests.faulty import FaultyBackend
 from tests.models import YOLO
 
@@ -37,7 +37,7 @@ class SlowOracle:
         session.on_cancel(self.hooked.set)
         if session.cancelled.wait(self.delay):
             self.cancelled.set()
-            raise BackendError("stopped")
+            raise Abandoned("stopped")
         return measure_float64(session, names, **kwargs)
 
 

@@ -182,8 +182,6 @@ def _float64_or_none(
     try:
         return measure_float64(session, names, in_child=in_child)
     except BackendError as exc:
-        if session.cancelled.is_set():
-            return None  # settled without it (``observe.screen``): nothing to say
         session.notes.append(
             f"--threshold auto: no float64 values ({exc}); fell back to rel_l2 > 1e-3 with "
             f"max_abs > {FALLBACK_ABS_FLOOR:g} × max(1, |reference|)"

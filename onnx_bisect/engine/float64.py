@@ -22,6 +22,7 @@ from onnx_bisect.compare.noise import fp32_noise
 from onnx_bisect.engine import float64_child
 from onnx_bisect.engine.float64_job import ORACLE, TWIN
 from onnx_bisect.engine.observe import probe_runs
+from onnx_bisect.engine.progress import Abandoned
 from onnx_bisect.engine.runs import plan_chunks, timed_run, timed_stream
 from onnx_bisect.engine.session import Session
 from onnx_bisect.engine.store import TensorStore
@@ -87,13 +88,15 @@ def measure_float64(
     why_not: list[str] = []
     for spec, twin in FLOAT64_ORACLES:
         if session.cancelled.is_set():
-            raise BackendError("not needed any more")
+            raise Abandoned(spec)
         try:
             if spec == ORACLE and in_child and _child_can_run(session):
                 measured = _in_child(session, names)
             else:
                 measured = _here(session, spec, twin, names)
         except (BackendUnavailableError, BackendError) as exc:
+            if session.cancelled.is_set():
+                raise Abandoned(spec) from exc
             why_not.append(f"{spec}: {exc}")
             log.info("float64 oracle %s not used: %s", spec, exc)
             continue
@@ -179,7 +182,7 @@ def _in_child(session: Session, names: Sequence[str] | None = None) -> _Measured
         "out": str(work / "values"),
     }
     child = float64_child.take_child()
-    s.on_cancel(child.close)
+    s.on_cancel(child.kill)  # the pipes are this thread's to close
     try:
         answer = child.compute(job)
     except ChildProcessError as exc:

@@ -18,6 +18,7 @@ before anything heavy.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import subprocess
@@ -78,13 +79,18 @@ class OracleChild:
         answer: dict[str, Any] = json.loads(line)
         return answer
 
-    def close(self) -> None:
+    def kill(self) -> None:
+        """Stop the process; a ``compute`` waiting on it then raises ``ChildProcessError``."""
         if self._proc.poll() is None:
             self._proc.kill()
-            self._proc.wait()
+
+    def close(self) -> None:
+        self.kill()
+        self._proc.wait()
         for pipe in (self._proc.stdin, self._proc.stdout):
             if pipe is not None:
-                pipe.close()
+                with contextlib.suppress(OSError):  # a dead reader: unflushed bytes go nowhere
+                    pipe.close()
 
 
 _prewarmed: OracleChild | None = None

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from onnx_bisect.text import runs_text
 
-__all__ = ["NoProgress", "Progress", "count_run", "phase"]
+__all__ = ["Abandoned", "NoProgress", "Progress", "count_run", "phase"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,11 @@ class NoProgress:
 
     def phase_done(self, phase: str, seconds: float, runs: Mapping[str, int]) -> None:
         pass
+
+
+class Abandoned(Exception):  # noqa: N818 -- not an error: the work is no longer wanted
+    """Raised in work nobody waits for any more (the float64 oracle after ``Session.settle``):
+    its phase ends without a log line or a time."""
 
 
 @dataclass
@@ -86,12 +91,16 @@ def phase(name: str, progress: Progress) -> Iterator[None]:
     token = _CURRENT.set(current)
     progress.phase_started(name)
     start = time.perf_counter()
-    ended = "ended by an error"
+    ended: str | None = "ended by an error"
     try:
         yield
         ended = "done"
+    except Abandoned:
+        ended = None
+        raise
     finally:
         _CURRENT.reset(token)
         seconds = time.perf_counter() - start
-        log.info("phase %s %s in %.2f s (%s)", name, ended, seconds, runs_text(current.runs))
+        if ended is not None:
+            log.info("phase %s %s in %.2f s (%s)", name, ended, seconds, runs_text(current.runs))
         progress.phase_done(name, seconds, dict(current.runs))

@@ -23,7 +23,7 @@ from onnx_bisect.backends.protocol import Backend
 from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.compare.topk import TopKSpec
 from onnx_bisect.engine.memory import MemoryPlan
-from onnx_bisect.engine.progress import NoProgress, Progress, phase
+from onnx_bisect.engine.progress import Abandoned, NoProgress, Progress, phase
 from onnx_bisect.engine.runs import RunStats
 from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.graph.view import LoadedModel
@@ -72,8 +72,16 @@ class StageTimer:
         try:
             with phase(name, self.progress):
                 yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+        except Abandoned:
+            raise  # nobody waited: no time to report
+        except BaseException:
+            self._add(name, start)
+            raise
+        else:
+            self._add(name, start)
+
+    def _add(self, name: str, start: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
     def finish(self) -> dict[str, float]:
         self.seconds["total"] = time.perf_counter() - self.started
