@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,10 @@ from onnx_bisect.compare.metrics import METRICS
 from onnx_bisect.compare.topk import TopKSpec, parse_topk
 from onnx_bisect.errors import InputError
 from onnx_bisect.inputs.values import check_fills
+
+# A criterion's ``noise`` and ``truth`` (see ``Criterion``).
+NoiseFn = Callable[[str, npt.NDArray[Any]], float | None]
+TruthFn = Callable[[str], tuple[npt.NDArray[Any], float] | None]
 
 __all__ = [
     "DEFAULT_MAX_MEMORY",
@@ -225,6 +229,13 @@ class BisectOptions:
         """The fixed part of the criterion (a noise floor is added once it is measured)."""
         fixed = 1e-3 if self._auto_requested else float(self.threshold)
         return Criterion(metric=self.metric, threshold=fixed, atol=self.atol, rtol=self.rtol)
+
+    def noise_criterion(self, noise: NoiseFn, truth: TruthFn | None = None) -> Criterion:
+        """``--threshold auto``'s criterion: rel_l2 above ``--noise-k`` × each tensor's noise
+        floor (``noise``) + ``--noise-eps``."""
+        return replace(
+            self.criterion(), noise=noise, truth=truth, k=self.noise_k, eps=self.noise_eps
+        )
 
     def topk_specs(self) -> tuple[TopKSpec, ...]:
         return tuple(parse_topk(t) if isinstance(t, str) else t for t in self.topk)

@@ -172,8 +172,7 @@ def _auto_criterion(
     if float64 is None:
         return replace(crit, abs_floor=FALLBACK_ABS_FLOOR)
     floors = NoiseFloor(float64.values, float64.oracle_noise)
-    options = session.options
-    return replace(crit, noise=floors, truth=floors.truth, k=options.noise_k, eps=options.noise_eps)
+    return session.options.noise_criterion(floors, floors.truth)
 
 
 def _float64_or_none(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Container, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy.typing as npt
@@ -94,10 +94,11 @@ def screen(session: Session, *, final: bool = False) -> Observed:
         return {n: compare_tensors(n, ref_out.get(n), tgt_out.get(n), crit) for n in shown}
 
     comparisons = None
-    if final and s.options.auto_threshold and s.criterion_pending():
+    if final and s.criterion_pending():  # only --threshold auto's criterion is measured
         within = Criterion(metric="rel_l2", threshold=s.options.noise_eps)
         quick = judged(within)
-        if not any(c.diverged for c in quick.values()) and s.settle(_unmeasured(s)):
+        agree = not any(c.diverged for c in quick.values())
+        if agree and s.settle(s.options.noise_criterion(_unknown)):
             s.notes.append(
                 f"--threshold auto: every final output is within rel_l2 {within.threshold:g} "
                 f"of the reference, under any noise-floor threshold; the float64 oracle "
@@ -111,14 +112,9 @@ def screen(session: Session, *, final: bool = False) -> Observed:
     )
 
 
-def _unmeasured(session: Session) -> Criterion:
-    """The auto criterion with no floor measured (each tensor's noise unknown)."""
-    options = session.options
-
-    def unknown(tensor: str, ref: object) -> float | None:
-        return None
-
-    return replace(session.criterion, noise=unknown, k=options.noise_k, eps=options.noise_eps)
+def _unknown(tensor: str, ref: npt.NDArray[Any]) -> float | None:
+    """No noise floor measured for any tensor."""
+    return None
 
 
 def answered(
