@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.memtree import conv_net, intermediate_bytes, measure  # noqa: E402
 from onnx_bisect.cli.params import parse_bytes  # noqa: E402
-from onnx_bisect.engine.memory import FIXED_OVERHEAD  # noqa: E402
+from onnx_bisect.engine.measure.memory import FIXED_OVERHEAD  # noqa: E402
 
 FAULT = "block10/pw"
 NETS = {"test": (64, 64), "small": (28, 128), "big": (28, 512)}

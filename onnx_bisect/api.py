@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from onnx_bisect.engine.control_flow import with_control_flow_inlined
-from onnx_bisect.engine.dataset import dataset_job, measure_input, screen_input
-from onnx_bisect.engine.dataset_stats import MeasuredInput, rank, summarize
+from onnx_bisect.engine.dataset.job import dataset_job, measure_input, screen_input
+from onnx_bisect.engine.dataset.parallel import run_tasks
+from onnx_bisect.engine.dataset.stats import MeasuredInput, rank, summarize
 from onnx_bisect.engine.diagnose import (
     BackendLike,
     diagnose,
@@ -19,9 +20,8 @@ from onnx_bisect.engine.diagnose import (
     to_result,
 )
 from onnx_bisect.engine.found import Found
-from onnx_bisect.engine.observe import scan
-from onnx_bisect.engine.parallel import run_tasks
-from onnx_bisect.engine.passes import bisect_passes
+from onnx_bisect.engine.measure.observe import scan
+from onnx_bisect.engine.passes.bisection import bisect_passes
 from onnx_bisect.engine.progress import NoProgress, Progress
 from onnx_bisect.engine.session import Session, StageTimer, scratch_dir
 from onnx_bisect.errors import InputError

@@ -17,10 +17,10 @@ import onnx
 from onnx_bisect.backends.dump import INPUTS_FILE, MANIFEST, file_name
 from onnx_bisect.backends.environment import environment
 from onnx_bisect.backends.registry import create_backend
-from onnx_bisect.engine.memory import plan_memory
-from onnx_bisect.engine.observe import probe_runs
+from onnx_bisect.engine.measure.memory import plan_memory
+from onnx_bisect.engine.measure.observe import probe_runs
+from onnx_bisect.engine.measure.runs import RunStats, timed_run
 from onnx_bisect.engine.recorded import run_feeds
-from onnx_bisect.engine.runs import RunStats, timed_run
 from onnx_bisect.errors import InputError
 from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes

@@ -63,10 +63,10 @@ def _prewarmed(wanted: bool) -> Iterator[None]:
     if not wanted:
         yield
         return
-    from onnx_bisect.engine import float64_child
+    from onnx_bisect.engine.oracle import child as oracle_child
 
-    float64_child.prewarm()
+    oracle_child.prewarm()
     try:
         yield
     finally:
-        float64_child.discard()
+        oracle_child.discard()

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from onnx_bisect.engine.parallel import worker_cached
+from onnx_bisect.engine.dataset.parallel import worker_cached
 from onnx_bisect.errors import BackendError, InputError
 
 # In each process: how often a session was made, and how often a Model was unpickled there.

@@ -30,7 +30,7 @@ from onnx_bisect.cli import bisect_app
 from onnx_bisect.compare.criterion import Comparison, Status
 from onnx_bisect.compare.topk import TopKCheck
 from onnx_bisect.dataset_result import InputScreen
-from onnx_bisect.engine.dataset_stats import (
+from onnx_bisect.engine.dataset.stats import (
     MeasuredInput,
     NodeSample,
     confirm,

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import onnx_bisect
-from onnx_bisect.engine import float64, float64_child
 from onnx_bisect.engine.diagnose import open_session, prepare
-from onnx_bisect.engine.float64_job import ORACLE, TWIN
+from onnx_bisect.engine.oracle import child as oracle_child
+from onnx_bisect.engine.oracle import float64
+from onnx_bisect.engine.oracle.job import ORACLE, TWIN
 from onnx_bisect.engine.session import Session, StageTimer
 from onnx_bisect.entry import bisect_entry, wants_float64
 from onnx_bisect.options import BisectOptions
@@ -63,15 +64,15 @@ def test_the_child_computes_what_this_process_would(tmp_path: Path) -> None:
 def test_a_dead_child_falls_back_to_the_next_oracle(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    made: list[float64_child.OracleChild] = []
+    made: list[oracle_child.OracleChild] = []
 
-    def dead() -> float64_child.OracleChild:
-        child = float64_child.OracleChild()
+    def dead() -> oracle_child.OracleChild:
+        child = oracle_child.OracleChild()
         child._proc.kill()  # as an out-of-memory kill would
         made.append(child)
         return child
 
-    monkeypatch.setattr(float64_child, "take_child", dead)
+    monkeypatch.setattr(oracle_child, "take_child", dead)
     # --always-scan: agreeing outputs would not wait for the oracle (tests/test_settle.py).
     result = onnx_bisect.bisect(YOLO, target="cpu?opt=disable", threshold="auto", always_scan=True)
     assert made, "the child was not asked"
@@ -84,40 +85,40 @@ def test_a_dead_child_falls_back_to_the_next_oracle(
 def test_the_console_script_prewarms_and_uses_the_child(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    taken: list[float64_child.OracleChild] = []
-    take = float64_child.take_child
+    taken: list[oracle_child.OracleChild] = []
+    take = oracle_child.take_child
 
-    def recorded() -> float64_child.OracleChild:
-        prewarmed = float64_child._prewarmed
+    def recorded() -> oracle_child.OracleChild:
+        prewarmed = oracle_child._prewarmed
         child = take()
         assert child is prewarmed, "the prewarmed child was not the one used"
         taken.append(child)
         return child
 
-    monkeypatch.setattr(float64_child, "take_child", recorded)
+    monkeypatch.setattr(oracle_child, "take_child", recorded)
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exit_:
         bisect_entry([str(YOLO), "-t", "cpu?opt=disable", "-o", str(out), "-q"])
     assert exit_.value.code == 0
     assert len(taken) == 1
     assert taken[0]._proc.poll() is not None  # closed after its one job
-    assert float64_child._prewarmed is None
+    assert oracle_child._prewarmed is None
 
 
 def test_a_prewarmed_child_nobody_used_is_stopped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    started: list[float64_child.OracleChild] = []
-    prewarm = float64_child.prewarm
+    started: list[oracle_child.OracleChild] = []
+    prewarm = oracle_child.prewarm
 
     def recorded() -> None:
         prewarm()
-        assert float64_child._prewarmed is not None
-        started.append(float64_child._prewarmed)
+        assert oracle_child._prewarmed is not None
+        started.append(oracle_child._prewarmed)
 
-    monkeypatch.setattr(float64_child, "prewarm", recorded)
+    monkeypatch.setattr(oracle_child, "prewarm", recorded)
     with pytest.raises(SystemExit) as exit_:
         bisect_entry([str(tmp_path / "missing.onnx"), "-t", "cpu"])
     assert exit_.value.code == 2
     assert len(started) == 1 and started[0]._proc.poll() is not None
-    assert float64_child._prewarmed is None
+    assert oracle_child._prewarmed is None

@@ -17,7 +17,7 @@ import pytest
 
 import onnx_bisect
 from benchmarks.memtree import conv_net, intermediate_bytes, measure
-from onnx_bisect.engine.memory import FIXED_OVERHEAD, plan_memory, working_set
+from onnx_bisect.engine.measure.memory import FIXED_OVERHEAD, plan_memory, working_set
 from onnx_bisect.errors import InputError
 from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes

@@ -12,8 +12,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnx_bisect.backends import create_backend
-from onnx_bisect.engine.runs import plan_chunks
-from onnx_bisect.engine.store import TensorStore
+from onnx_bisect.engine.measure.runs import plan_chunks
+from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.errors import ModelLoadError
 from onnx_bisect.graph.extract import isolation_model, with_outputs
 from onnx_bisect.graph.load import load_model

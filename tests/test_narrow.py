@@ -10,7 +10,12 @@ import pytest
 
 import onnx_bisect
 from onnx_bisect import Verdict
-from onnx_bisect.engine.search import CutSearch, backward_windows, closure_windows, forward_windows
+from onnx_bisect.engine.search.state import (
+    CutSearch,
+    backward_windows,
+    closure_windows,
+    forward_windows,
+)
 from tests.faulty import FaultyBackend, HiddenFaultBackend, PatternFaultBackend
 from tests.models import FAULTY_RUNTIME, TRANSFORMER, YOLO_FUSED, residual
 

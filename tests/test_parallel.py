@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from onnx_bisect.engine import worker
-from onnx_bisect.engine.parallel import run_tasks
+from onnx_bisect.engine.dataset import worker
+from onnx_bisect.engine.dataset.parallel import run_tasks
 from onnx_bisect.errors import BackendError, BackendUnavailableError, InputError, WorkerCrash
 from tests import parallel_tasks as tasks
 from tests.models import ROOT, chain
@@ -112,7 +112,7 @@ def test_a_dead_worker_names_its_task() -> None:
 
 _UNGUARDED = """
 import numpy as np
-from onnx_bisect.engine.parallel import run_tasks
+from onnx_bisect.engine.dataset.parallel import run_tasks
 from onnx_bisect.errors import WorkerCrash
 from tests import parallel_tasks as tasks
 # No `if __name__ == "__main__":`, so a spawned worker runs this again and dies starting.
@@ -154,7 +154,7 @@ def test_no_items_no_workers() -> None:
 
 _INTERRUPTED = """
 import sys
-from onnx_bisect.engine.parallel import run_tasks
+from onnx_bisect.engine.dataset.parallel import run_tasks
 from tests import parallel_tasks as tasks
 try:
     run_tasks(tasks.sleep_marked, sys.argv[1], list(range(6)), jobs=2, ray=sys.argv[2] or None)

@@ -25,7 +25,7 @@ import onnx_bisect
 from onnx_bisect.backends.ort_passes import OrtPasses, modified_transformers
 from onnx_bisect.backends.spec import parse_spec
 from onnx_bisect.cli import bisect_app
-from onnx_bisect.engine.pass_search import find_guilty
+from onnx_bisect.engine.passes.search import find_guilty
 from onnx_bisect.report.passes import WIDTH, pass_markdown, shell_lines, workaround_step
 from onnx_bisect.result import PassBisection, PassOutcome, PassScope
 

@@ -19,11 +19,12 @@ from onnx import TensorProto, helper
 
 import onnx_bisect
 from benchmarks.models import NODES_PER_BLOCK, middle_matmul, mlp_blocks
-from onnx_bisect.engine import float64, isolate
 from onnx_bisect.engine.diagnose import open_session, prepare
-from onnx_bisect.engine.operands import reference_operands
+from onnx_bisect.engine.measure import isolate
+from onnx_bisect.engine.measure.operands import reference_operands
+from onnx_bisect.engine.measure.store import TensorStore
+from onnx_bisect.engine.oracle import float64
 from onnx_bisect.engine.session import StageTimer
-from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.graph.extract import derived_kind, with_outputs
 from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.view import TensorMeta

@@ -14,7 +14,7 @@ import pytest
 
 import onnx_bisect
 from onnx_bisect.engine import diagnose
-from onnx_bisect.engine.float64 import Float64Run, measure_float64
+from onnx_bisect.engine.oracle.float64 import Float64Run, measure_float64
 from onnx_bisect.engine.progress import Abandoned
 from onnx_bisect.engine.session import Session
 from tests.faulty import FaultyBackend

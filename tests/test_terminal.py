@@ -32,7 +32,7 @@ import onnx_bisect
 from onnx_bisect.cli.output import UNWRAPPED
 from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.engine.judge import observer_problem
-from onnx_bisect.engine.observe import Observed
+from onnx_bisect.engine.measure.observe import Observed
 from onnx_bisect.report import print_summary
 from onnx_bisect.report.format import chain_line, search_line
 from onnx_bisect.report.issue import render_issue

@@ -22,7 +22,7 @@ from onnx_bisect import Verdict
 from onnx_bisect.backends.spec import parse_spec
 from onnx_bisect.cli import bisect_app
 from onnx_bisect.compare.metrics import rel_l2
-from onnx_bisect.engine.isolate import IsolationFailure
+from onnx_bisect.engine.measure.isolate import IsolationFailure
 from onnx_bisect.errors import BackendError, BackendUnavailableError, SpecError
 from onnx_bisect.graph.extract import with_outputs
 from onnx_bisect.inputs.feeds import make_feeds

@@ -183,7 +183,7 @@ def test_spec_errors() -> None:
 
 def test_tract_missing_kernel_message_reads_as_unsupported() -> None:
     """tract says ``Unimplemented(Det)``: an isolated node failing so is `unsupported`."""
-    from onnx_bisect.engine.isolate import IsolationFailure
+    from onnx_bisect.engine.measure.isolate import IsolationFailure
 
     message = 'tract: Translating node #2 "det" Unimplemented(Det) ToTypedTranslator'
     assert IsolationFailure(message).unsupported

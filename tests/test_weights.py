@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 import onnx_bisect
 from onnx_bisect.backends import create_backend
 from onnx_bisect.backends.spec import parse_spec
-from onnx_bisect.engine import float64
+from onnx_bisect.engine.oracle import float64
 from onnx_bisect.errors import BackendUnavailableError, ModelLoadError
 from onnx_bisect.graph import sizes, weights
 from onnx_bisect.graph.extract import isolation_model, prefix_model, window_model, with_outputs

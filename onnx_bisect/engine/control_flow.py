@@ -23,7 +23,7 @@ import numpy.typing as npt
 import onnx
 
 from onnx_bisect.engine.diagnose import Screened, screen_session
-from onnx_bisect.engine.runs import timed_run
+from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.session import Session, Setup
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.extract import with_outputs

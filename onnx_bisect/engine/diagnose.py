@@ -21,13 +21,13 @@ from onnx_bisect.backends.spec import BackendSpec, parse_spec
 from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.compare.noise import NoiseFloor
 from onnx_bisect.compare.topk import TopKCheck, TopKSpec, topk_checks
-from onnx_bisect.engine.failure import failure_search
-from onnx_bisect.engine.float64 import Float64Run, measure_float64
 from onnx_bisect.engine.found import Found
-from onnx_bisect.engine.memory import plan_memory
-from onnx_bisect.engine.observe import Observed, screen
+from onnx_bisect.engine.measure.memory import plan_memory
+from onnx_bisect.engine.measure.observe import Observed, screen
+from onnx_bisect.engine.oracle.float64 import Float64Run, measure_float64
 from onnx_bisect.engine.precision import precision_notes
 from onnx_bisect.engine.recorded import run_feeds
+from onnx_bisect.engine.search.failure import failure_search
 from onnx_bisect.engine.session import Feeds, Session, Setup, StageTimer
 from onnx_bisect.engine.strategies import STRATEGIES, choose
 from onnx_bisect.errors import BackendError, InputError

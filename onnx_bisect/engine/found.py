@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnx_bisect.engine.store import TensorStore
+from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.graph.match import Matching
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.result import ChainLink, NodeResult, RootCause, SearchInfo

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 from onnx_bisect.compare.criterion import Comparison, Criterion, Status
 from onnx_bisect.compare.tensors import compare_tensors
-from onnx_bisect.engine.isolate import IsolationFailure
-from onnx_bisect.engine.observe import Observed
+from onnx_bisect.engine.measure.isolate import IsolationFailure
+from onnx_bisect.engine.measure.observe import Observed
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
 from onnx_bisect.result import (
     CauseKind,

@@ -22,10 +22,10 @@ import numpy.typing as npt
 from onnx_bisect.backends.protocol import Backend
 from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.compare.topk import TopKSpec
-from onnx_bisect.engine.memory import MemoryPlan
+from onnx_bisect.engine.measure.memory import MemoryPlan
+from onnx_bisect.engine.measure.runs import RunStats
+from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.progress import Abandoned, NoProgress, Progress, phase
-from onnx_bisect.engine.runs import RunStats
-from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.options import BisectOptions
 from onnx_bisect.result import BackendInfo

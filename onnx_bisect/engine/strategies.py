@@ -16,9 +16,7 @@ import onnx
 from onnx_bisect.compare.criterion import Comparison
 from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.engine.chain import chain_from
-from onnx_bisect.engine.cut import CutResult, cut_search, search_info
 from onnx_bisect.engine.found import Found
-from onnx_bisect.engine.isolate import isolate
 from onnx_bisect.engine.judge import (
     culprit_cause,
     dump_verdicts,
@@ -28,11 +26,13 @@ from onnx_bisect.engine.judge import (
     observer_problem,
     root_cause,
 )
-from onnx_bisect.engine.observe import Observed, probe_runs, scan
-from onnx_bisect.engine.pattern import find_pattern
-from onnx_bisect.engine.runs import timed_run
+from onnx_bisect.engine.measure.isolate import isolate
+from onnx_bisect.engine.measure.observe import Observed, probe_runs, scan
+from onnx_bisect.engine.measure.runs import timed_run
+from onnx_bisect.engine.measure.store import TensorStore
+from onnx_bisect.engine.search.cut import CutResult, cut_search, search_info
+from onnx_bisect.engine.search.pattern import find_pattern
 from onnx_bisect.engine.session import Session
-from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.graph.extract import with_outputs
 from onnx_bisect.graph.match import match_tensors
 from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes

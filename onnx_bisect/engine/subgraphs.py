@@ -17,9 +17,9 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 
-from onnx_bisect.engine.operands import reference_fed
-from onnx_bisect.engine.pattern import window_candidates
-from onnx_bisect.engine.store import TensorStore
+from onnx_bisect.engine.measure.operands import reference_fed
+from onnx_bisect.engine.measure.store import TensorStore
+from onnx_bisect.engine.search.pattern import window_candidates
 from onnx_bisect.graph.extract import window_model
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
 

@@ -21,9 +21,9 @@ import onnx
 from onnx import numpy_helper
 
 from onnx_bisect.backends.protocol import Backend
-from onnx_bisect.engine.runs import timed_run
+from onnx_bisect.engine.measure.runs import timed_run
+from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.session import Session
-from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.engine.subgraphs import Candidate, Fed, candidates, reference_window
 from onnx_bisect.errors import BackendCrash, BackendError
 from onnx_bisect.graph.extract import prefix_model

@@ -31,7 +31,7 @@ __all__ = ["OracleChild", "answer_jobs", "discard", "prewarm", "take_child"]
 
 
 class OracleChild:
-    """A running ``python -m onnx_bisect.engine.float64_child``, importing torch meanwhile."""
+    """A running ``python -m onnx_bisect.engine.oracle.child``, importing torch meanwhile."""
 
     def __init__(self) -> None:
         from onnx_bisect.process import python_child_env
@@ -39,7 +39,7 @@ class OracleChild:
         # A session of its own: the terminal's Ctrl-C is ours to handle, and the child
         # must not print a KeyboardInterrupt traceback beside our one-line "interrupted".
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "onnx_bisect.engine.float64_child"],
+            [sys.executable, "-m", "onnx_bisect.engine.oracle.child"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -124,7 +124,7 @@ def answer_jobs(stdin: IO[bytes], stdout: IO[bytes]) -> None:
     """The child's loop: import torch first, then answer each job line until end of input."""
     import torch  # noqa: F401  -- the point of this process: imported while the parent works
 
-    from onnx_bisect.engine.float64_job import run_job
+    from onnx_bisect.engine.oracle.job import run_job
 
     for line in stdin:
         try:

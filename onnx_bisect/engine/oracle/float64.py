@@ -1,6 +1,6 @@
 """The float64 oracle: every probe in float64, and the fp32 noise of its twin, for noise floors.
 
-torch computes it in its own process (``float64_child``: its import then costs this process
+torch computes it in its own process (``oracle/child.py``: its import then costs this process
 nothing); ``onnx.reference`` in float64 is the fallback, in this process.
 """
 
@@ -19,13 +19,13 @@ import onnx
 from onnx_bisect.backends.protocol import Backend, BackendBase, streams
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.compare.noise import fp32_noise
-from onnx_bisect.engine import float64_child
-from onnx_bisect.engine.float64_job import ORACLE, TWIN
-from onnx_bisect.engine.observe import probe_runs
+from onnx_bisect.engine.measure.observe import probe_runs
+from onnx_bisect.engine.measure.runs import plan_chunks, timed_run, timed_stream
+from onnx_bisect.engine.measure.store import TensorStore
+from onnx_bisect.engine.oracle import child as oracle_child
+from onnx_bisect.engine.oracle.job import ORACLE, TWIN
 from onnx_bisect.engine.progress import Abandoned
-from onnx_bisect.engine.runs import plan_chunks, timed_run, timed_stream
 from onnx_bisect.engine.session import Session
-from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.errors import BackendError, BackendUnavailableError
 from onnx_bisect.graph.extract import with_outputs
 from onnx_bisect.graph.save import save_model
@@ -181,7 +181,7 @@ def _in_child(session: Session, names: Sequence[str] | None = None) -> _Measured
         "chunks": plan_chunks(_probes(s, names), s.sizes, _chunk_bytes(s)),
         "out": str(work / "values"),
     }
-    child = float64_child.take_child()
+    child = oracle_child.take_child()
     s.on_cancel(child.kill)  # the pipes are this thread's to close
     try:
         answer = child.compute(job)

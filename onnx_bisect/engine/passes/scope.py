@@ -3,7 +3,7 @@ bug, else the whole model.
 
 A subgraph is cut as a repro bundle's is (``engine/subgraphs.py``: the root cause, then windows
 grown around it), fed the reference's values at its cut. The first on which the target
-diverges is searched (``engine/passes.py``): the runtime lists only the passes that rewrite
+diverges is searched (``bisection.py``): the runtime lists only the passes that rewrite
 these few nodes, and each run of the search is a run of a few nodes. Without one (no scan to
 cut from, or the divergence needs more of the graph) the whole model is searched.
 """
@@ -19,7 +19,7 @@ import numpy.typing as npt
 import onnx
 
 from onnx_bisect.engine.found import Found
-from onnx_bisect.engine.observe import Observed
+from onnx_bisect.engine.measure.observe import Observed
 from onnx_bisect.engine.session import Session
 from onnx_bisect.engine.subgraphs import candidates, reference_window
 from onnx_bisect.result import CauseKind, PassScope

@@ -29,7 +29,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, TypeVar
 
-from onnx_bisect.engine.worker import call_task, thread_env
+from onnx_bisect.engine.dataset.worker import call_task, thread_env
 from onnx_bisect.errors import WorkerCrash
 
 __all__ = ["run_in_pool"]

@@ -1,6 +1,6 @@
 """Pass bisection of a ``torch:*?compile=`` target: torch's bisector names the backend, the
 subsystem and its n-th application; we add the eager check before it and the workaround's
-check after it, as for any pass bisection (``engine/passes.py``)."""
+check after it, as for any pass bisection (``engine/passes/bisection.py``)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from onnx_bisect.backends.torch.compile_bisect import (
     fallback_compiler,
 )
 from onnx_bisect.compare.tensors import compare_tensors
-from onnx_bisect.engine.observe import Observed
-from onnx_bisect.engine.runs import timed_run
+from onnx_bisect.engine.measure.observe import Observed
+from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
 from onnx_bisect.result import PassBisection, PassOutcome

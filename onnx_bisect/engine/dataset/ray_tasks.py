@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from onnx_bisect.engine.worker import enter_run, worker_cached
+from onnx_bisect.engine.dataset.worker import enter_run, worker_cached
 from onnx_bisect.errors import BackendUnavailableError, OnnxBisectError, WorkerCrash
 
 __all__ = ["run_on_ray"]
@@ -38,7 +38,7 @@ T = TypeVar("T")
 _CONNECT_TIMEOUT_S = 5.0
 
 # The cache key of the shared value in a worker: a tuple no key of fn's is equal to.
-_SHARED = ("onnx_bisect.engine.ray_tasks", "shared")
+_SHARED = ("onnx_bisect.engine.dataset.ray_tasks", "shared")
 
 
 def run_on_ray(

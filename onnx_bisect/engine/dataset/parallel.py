@@ -3,8 +3,8 @@ Ray tasks, with results in item order whichever way they ran.
 
 ``fn(shared, item)`` must be a module-level function, and ``shared``, the items and the
 results picklable. ``shared`` (the model, the options) reaches each worker process once, not
-with every task: the pool's initializer (``engine/pool.py``) or Ray's object store
-(``engine/ray_tasks.py``). A task keeps what it builds from ``shared`` (a backend, a session)
+with every task: the pool's initializer (``pool.py``) or Ray's object store
+(``ray_tasks.py``). A task keeps what it builds from ``shared`` (a backend, a session)
 with ``worker_cached``.
 """
 
@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from onnx_bisect.engine.worker import call_task, close_run, worker_cached
+from onnx_bisect.engine.dataset.worker import call_task, close_run, worker_cached
 from onnx_bisect.errors import InputError
 
 __all__ = ["run_tasks", "worker_cached"]
@@ -47,11 +47,11 @@ def run_tasks(
     if not items:
         return []
     if ray is not None:
-        from onnx_bisect.engine.ray_tasks import run_on_ray
+        from onnx_bisect.engine.dataset.ray_tasks import run_on_ray
 
         return run_on_ray(fn, shared, items, jobs=jobs, address=ray.strip())
     if jobs > 1:
-        from onnx_bisect.engine.pool import run_in_pool
+        from onnx_bisect.engine.dataset.pool import run_in_pool
 
         return run_in_pool(fn, shared, items, jobs=jobs)
     run = uuid.uuid4().hex

@@ -1,10 +1,10 @@
 """Pass bisection: after a divergence, which of the target's optimizer passes causes it.
 
 It runs on the subgraph around the root cause where the target diverges there (fed the
-reference's values, ``engine/pass_scope.py``), else on the whole model. The target runs it once
+reference's values, ``engine/passes/scope.py``), else on the whole model. The target runs it once
 with every optimization off. Still diverging, no pass is to blame (a kernel is), and that is
 the finding. Agreeing, the passes that rewrite it are listed by the runtime itself and searched
-(``engine/pass_search.py``) for the smallest set that, enabled alone, diverges; a guilty pass
+(``engine/passes/search.py``) for the smallest set that, enabled alone, diverges; a guilty pass
 made of rules (ONNX Runtime's rule-based transformers) is searched rule by rule in turn. The
 workaround (those passes off) is run once more, on the whole model, to show it agrees with the
 reference; one found on a subgraph that does not is searched again on the whole model. The
@@ -31,10 +31,10 @@ from onnx_bisect.backends.spec import BackendSpec, parse_spec
 from onnx_bisect.backends.transform_passes import TransformPasses, pass_transform
 from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.engine.found import Found
-from onnx_bisect.engine.observe import Observed
-from onnx_bisect.engine.pass_scope import Scope, model_scope, subgraph_scope
-from onnx_bisect.engine.pass_search import find_guilty
-from onnx_bisect.engine.runs import timed_run
+from onnx_bisect.engine.measure.observe import Observed
+from onnx_bisect.engine.measure.runs import timed_run
+from onnx_bisect.engine.passes.scope import Scope, model_scope, subgraph_scope
+from onnx_bisect.engine.passes.search import find_guilty
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError, ModelLoadError, OnnxBisectError, SpecError
 from onnx_bisect.graph.load import load_model
@@ -66,7 +66,7 @@ def bisect_passes(
         return None
     with session.timer.stage("passes"):
         if isinstance(control, _TorchCompile):
-            from onnx_bisect.engine.compile_passes import bisect_compile
+            from onnx_bisect.engine.passes.compiled import bisect_compile
 
             return bisect_compile(session, screened)
         return _bisect(session, screened, *control, found)
@@ -166,7 +166,7 @@ def _bisect(
     found: Found | None,
 ) -> PassBisection:
     """The localized subgraph first, the whole model when it does not show the pass bug or its
-    answer does not fix the whole model (``engine/pass_scope.py``)."""
+    answer does not fix the whole model (``engine/passes/scope.py``)."""
     spec, off, runs = session.setup.target_info.spec, control.all_off(), _Runs(session)
     whole = model_scope(session, screened, model_of)
     note = ""  # a transform's passes run on the whole model it rewrites

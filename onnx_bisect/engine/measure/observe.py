@@ -18,9 +18,9 @@ import onnx
 from onnx_bisect.backends.protocol import Backend
 from onnx_bisect.compare.criterion import Comparison, Criterion
 from onnx_bisect.compare.tensors import compare_tensors
-from onnx_bisect.engine.runs import plan_chunks, run_pair, timed_run
+from onnx_bisect.engine.measure.runs import plan_chunks, run_pair, timed_run
+from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.session import Session
-from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.extract import with_outputs
 from onnx_bisect.text import plural

@@ -20,15 +20,15 @@ import numpy.typing as npt
 
 from onnx_bisect.compare.criterion import Comparison
 from onnx_bisect.compare.tensors import compare_tensors
-from onnx_bisect.engine.operands import is_constant, reference_fed
-from onnx_bisect.engine.runs import timed_run
-from onnx_bisect.engine.search import (
+from onnx_bisect.engine.measure.operands import is_constant, reference_fed
+from onnx_bisect.engine.measure.runs import timed_run
+from onnx_bisect.engine.measure.store import TensorStore
+from onnx_bisect.engine.search.state import (
     backward_windows,
     closure_windows,
     forward_windows,
 )
 from onnx_bisect.engine.session import Session
-from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.extract import window_model
 from onnx_bisect.graph.view import LoadedModel, NodeInfo

@@ -1,7 +1,7 @@
 """The per-input work of a dataset run: screen one input, or scan and isolate one.
 
 Both are module-level functions of a picklable ``DatasetJob`` (the model, the backend specs,
-the options, the inputs' paths) and an input's index, so ``engine.parallel.run_tasks`` can run
+the options, the inputs' paths) and an input's index, so ``parallel.run_tasks`` can run
 them in worker processes or as Ray tasks. Backends cannot be pickled: each worker prepares
 the setup once (``worker_cached``) and opens a session per input over it, as a single-input
 diagnosis does. What comes back is small: comparisons of the final outputs, a few floats per
@@ -22,9 +22,9 @@ from onnx_bisect.backends.spec import BackendSpec, parse_spec
 from onnx_bisect.compare.topk import topk_checks
 from onnx_bisect.dataset_result import InputScreen
 from onnx_bisect.engine.control_flow import with_control_flow_inlined
-from onnx_bisect.engine.dataset_stats import MeasuredInput, NodeSample
+from onnx_bisect.engine.dataset.parallel import worker_cached
+from onnx_bisect.engine.dataset.stats import MeasuredInput, NodeSample
 from onnx_bisect.engine.diagnose import BackendLike, diagnose, open_session, prepare, screen_session
-from onnx_bisect.engine.parallel import worker_cached
 from onnx_bisect.engine.session import Feeds, Session, Setup, StageTimer, scratch_dir
 from onnx_bisect.errors import BackendError, InputError
 from onnx_bisect.graph.load import load_model

@@ -14,14 +14,14 @@ import logging
 import re
 from collections.abc import Sequence
 
-from onnx_bisect.engine.cut import search_info
 from onnx_bisect.engine.found import Found
-from onnx_bisect.engine.isolate import IsolationFailure, isolate, unsupported
-from onnx_bisect.engine.observe import scan
-from onnx_bisect.engine.runs import timed_run
-from onnx_bisect.engine.search import CutSearch
+from onnx_bisect.engine.measure.isolate import IsolationFailure, isolate, unsupported
+from onnx_bisect.engine.measure.observe import scan
+from onnx_bisect.engine.measure.runs import timed_run
+from onnx_bisect.engine.measure.store import TensorStore
+from onnx_bisect.engine.search.cut import search_info
+from onnx_bisect.engine.search.state import CutSearch
 from onnx_bisect.engine.session import Session
-from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.errors import BackendCrash, BackendError
 from onnx_bisect.graph.extract import identity_model, prefix_model
 from onnx_bisect.graph.view import NodeInfo

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 
-from onnx_bisect.engine.store import TensorStore
+from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.graph.view import LoadedModel, NodeInfo, TensorMeta
 
 __all__ = ["is_constant", "reference_fed", "reference_operands"]

@@ -1,6 +1,6 @@
 """In the float64 oracle's process: one job, the probes in float64 and fp32, values to files.
 
-Run by ``float64_child``'s loop; the parent (``float64``) reads the answer.
+Run by the loop of ``oracle/child.py``; the parent (``oracle/float64.py``) reads the answer.
 """
 
 from __future__ import annotations

@@ -16,13 +16,13 @@ import numpy.typing as npt
 
 from onnx_bisect.compare.criterion import Comparison
 from onnx_bisect.compare.tensors import compare_tensors
-from onnx_bisect.engine.runs import timed_run
-from onnx_bisect.engine.search import (
+from onnx_bisect.engine.measure.runs import timed_run
+from onnx_bisect.engine.measure.store import TensorStore
+from onnx_bisect.engine.search.state import (
     CutSearch,
     SearchOutcome,
 )
 from onnx_bisect.engine.session import Session
-from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.graph.extract import live_tensors, prefix_model
 from onnx_bisect.graph.view import NodeInfo
 from onnx_bisect.result import SearchInfo

@@ -14,10 +14,10 @@ import numpy.typing as npt
 from onnx_bisect.backends.protocol import Tensors
 from onnx_bisect.compare.criterion import Comparison
 from onnx_bisect.compare.tensors import compare_tensors
-from onnx_bisect.engine.operands import reference_fed
-from onnx_bisect.engine.runs import plan_chunks, timed_run
+from onnx_bisect.engine.measure.operands import reference_fed
+from onnx_bisect.engine.measure.runs import plan_chunks, timed_run
+from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.session import Session
-from onnx_bisect.engine.store import TensorStore
 from onnx_bisect.errors import BackendCrash, BackendError
 from onnx_bisect.graph.extract import isolation_model
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
