@@ -444,7 +444,7 @@ def _short(name: str, most: int = 60) -> str:
 
 
 def _passing(outputs: int) -> str:
-    return f"all {outputs} outputs pass" if outputs > 1 else f"{plural(outputs, 'output')} passes"
+    return f"all {outputs} outputs agree" if outputs > 1 else f"{plural(outputs, 'output')} agrees"
 
 
 def _summary_lines(r: BisectResult) -> list[Text]:
@@ -460,7 +460,7 @@ def _summary_lines(r: BisectResult) -> list[Text]:
     dataset = [Text.assemble(("Dataset", "bold"), f": {line}") for line in _dataset_lines(r)]
     if not r.diverged:
         total = r.timings.get("total", 0.0)
-        passing = f": {_passing(len(r.outputs))} {r.criterion.describe()} ({total:.2f}s)"
+        passing = f": {_passing(len(r.outputs))}: {r.criterion.agreement()} ({total:.2f}s)"
         lines = [Text.assemble(("No divergence", "green"), ": ", head, passing), *dataset]
         lines += checks
         return lines + _finding_lines(r) if r.nodes else lines

@@ -84,7 +84,7 @@ def test_repr_stays_short_for_long_names_and_many_cause_nodes(yolo: BisectResult
 
 def test_repr_of_a_match_and_of_a_cause_without_nodes(yolo: BisectResult) -> None:
     match = onnx_bisect.bisect(one_node(), target="cpu?opt=disable")
-    assert repr(match) == "<BisectResult match: 1 output passes>"
+    assert repr(match) == "<BisectResult match: 1 output agrees>"
     unknown = replace(yolo, root_cause=RootCause(CauseKind.NONE, (), "no single node"))
     assert repr(unknown) == f"<BisectResult diverged: first {FAULT}, no root cause; 192 nodes>"
 
@@ -111,8 +111,8 @@ def test_summary_is_the_head_of_the_terminal_output_without_markup(yolo: BisectR
 def test_summary_of_a_match_and_a_failure_quotes_the_target(yolo: BisectResult) -> None:
     match = onnx_bisect.bisect(one_node(), target="cpu?opt=disable")
     assert re.fullmatch(
-        r"No divergence: cpu\?opt=disable vs cpu on <in-memory ModelProto>: 1 output passes "
-        r"rel_l2 > 4 × fp32 noise \+ 1e-05 \(\d+\.\d\ds\)",
+        r"No divergence: cpu\?opt=disable vs cpu on <in-memory ModelProto>: 1 output agrees: "
+        r"rel_l2 ≤ 4 × fp32 noise \+ 1e-05 \(\d+\.\d\ds\)",
         match.summary(),
     )
     said = "kernel missing:\n\n  Conv with group=3"

@@ -95,13 +95,24 @@ class Criterion:
         return "mismatch" if self.allclose else self.metric
 
     def describe(self) -> str:
+        """When a tensor diverges: ``rel_l2 > 0.001``."""
         if self.allclose:
             return f"allclose(atol={self.atol_value:g}, rtol={self.rtol_value:g})"
-        if self.auto:
-            return f"{self.metric} > {self.k:g} × fp32 noise + {self.eps:g}"
         op = ">" if METRICS[self.metric].higher_is_worse else "<"
         floor = f" and max_abs > {self.abs_floor:g} × max(1, |reference|)" if self.abs_floor else ""
-        return f"{self.metric} {op} {self.threshold:g}{floor}"
+        return f"{self.metric} {op} {self._limit()}{floor}"
+
+    def agreement(self) -> str:
+        """When a tensor agrees, the negation of ``describe()``: ``rel_l2 ≤ 0.001``. Said of
+        outputs that pass, ``describe()`` read as if they had crossed the threshold."""
+        if self.allclose:
+            return self.describe()
+        op = "≤" if METRICS[self.metric].higher_is_worse else "≥"
+        floor = f" or max_abs ≤ {self.abs_floor:g} × max(1, |reference|)" if self.abs_floor else ""
+        return f"{self.metric} {op} {self._limit()}{floor}"
+
+    def _limit(self) -> str:
+        return f"{self.k:g} × fp32 noise + {self.eps:g}" if self.auto else f"{self.threshold:g}"
 
     @property
     def atol_value(self) -> float:

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from onnx_bisect.compare.criterion import Comparison, Criterion, Status
-from onnx_bisect.compare.metrics import MetricSums, blocks, norm_ratio
+from onnx_bisect.compare.metrics import METRICS, MetricSums, blocks, norm_ratio
 from onnx_bisect.text import plural
 
 __all__ = ["REFERENCE_ABS_FLOOR", "compare_tensors"]
@@ -141,12 +141,20 @@ def _judge_float(
         return Status.NONFINITE, metrics, nonfinite, reason, False
     finite = sums.n == ref.size
     if crit.exceeds(score, limit) and not _below_abs_floor(sums, crit):
-        if crit.auto:
-            reason = f"{crit.key}={score:.3g} > threshold {limit:.3g}"
-        else:
-            reason = f"{crit.key}={score:.3g} fails {crit.describe()}"
-        return Status.DIVERGED, metrics, 0, reason, finite
+        return Status.DIVERGED, metrics, 0, _exceeded(crit, score, limit, sums), finite
     return Status.OK, metrics, 0, "", finite
+
+
+def _exceeded(crit: Criterion, score: float, limit: float, sums: MetricSums) -> str:
+    """Why a tensor diverges, as the comparison that holds: ``rel_l2=0.01 > threshold 0.001``
+    (``fails rel_l2 > 0.001`` read as the opposite of what it meant)."""
+    if crit.allclose:
+        return f"{sums.far} of {sums.n} values outside {crit.describe()}"
+    op = ">" if METRICS[crit.metric].higher_is_worse else "<"
+    reason = f"{crit.key}={score:.3g} {op} threshold {limit:.3g}"
+    if crit.abs_floor:
+        reason += f" and max_abs={sums.max_ad:.3g} > {_floor(crit.abs_floor, sums.ref_peak):.3g}"
+    return reason
 
 
 def _below_abs_floor(sums: MetricSums, crit: Criterion) -> bool:

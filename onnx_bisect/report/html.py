@@ -62,10 +62,14 @@ def render_html(result: BisectResult) -> str:
 
 
 def _summary(r: BisectResult) -> list[str]:
-    state = ("diverged", "Diverged") if r.diverged else ("match", "No divergence")
+    crit = r.criterion
+    if r.diverged:
+        state, said = ("diverged", "Diverged"), ("a tensor diverges where", crit.describe())
+    else:
+        state, said = ("match", "No divergence"), ("every final output agrees:", crit.agreement())
     out = [
         f'<p><span class="verdict {state[0]}">{state[1]}</span> '
-        f"criterion: <code>{escape(r.criterion.describe())}</code></p>"
+        f"{said[0]} <code>{escape(said[1])}</code></p>"
     ]
     if r.outputs:
         out.append(

@@ -116,6 +116,9 @@ def render_issue(result: BisectResult) -> str:
     for c in result.outputs:
         rel, mx = fmt(c.metrics.get("rel_l2")), fmt(c.metrics.get("max_abs"))
         head.append(f"| `{c.tensor}` | {c.status.value} | {rel} | {mx} |")
+    if result.outputs:
+        # What `ok` means, said as agreement: the bare criterion reads as the failing test.
+        head += ["", f"An output is `ok` where {result.criterion.agreement()}."]
     rc, fd = result.root_cause, result.first_divergence
     if fd is not None:
         acc = fd.accumulated

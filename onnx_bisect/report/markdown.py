@@ -56,7 +56,7 @@ def render_markdown(result: BisectResult) -> str:
     lines += [f"- {k}: {v}" for k, v in result.versions.items()]
     inputs = ", ".join(f"`{k}` {list(v.shape)} {v.dtype}" for k, v in result.inputs.items())
     lines += [f"- inputs: {inputs} (saved in `inputs.npz`)"]
-    lines += [f"- criterion: {result.criterion.describe()}"]
+    lines += [f"- criterion: a tensor diverges where {result.criterion.describe()}"]
     if result.outputs:
         lines += ["", "**Final outputs**", "", "| output | status | rel_l2 | max_abs | note |"]
         lines += ["|---|---|---|---|---|"]
@@ -165,7 +165,8 @@ def next_steps(result: BisectResult) -> list[str]:
 
 def _summary(result: BisectResult) -> list[str]:
     if not result.diverged:
-        passing = f"**No divergence**: every final output passes {result.criterion.describe()}."
+        agree = result.criterion.agreement()
+        passing = f"**No divergence**: every final output agrees: {agree}."
         return [passing, *_dataset_lines(result)]
     out = ["**Diverged.**", "", *_dataset_lines(result)]
     fd = result.first_divergence

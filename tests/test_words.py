@@ -1,0 +1,90 @@
+"""Every sentence a user reads says what it means (issue 24): the exact words of the texts new
+users misread, in the terminal (a real pseudo-terminal, 80 columns), report.md, report.html,
+issue.md and the repro bundle's README.md.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+import onnx
+import pytest
+
+import onnx_bisect
+from onnx_bisect.compare.criterion import Criterion
+from onnx_bisect.report.html import render_html
+from onnx_bisect.report.issue import render_issue
+from onnx_bisect.report.markdown import render_markdown
+from onnx_bisect.repro import template
+from onnx_bisect.result import BisectResult
+from tests.faulty import FaultyBackend
+from tests.test_terminal import one_node, run_cli
+
+AUTO_AGREES = "rel_l2 ≤ 4 × fp32 noise + 1e-05"
+
+
+def words(lines: list[str]) -> str:
+    """Lines a terminal wrapped, joined again: one space wherever rich broke a line."""
+    return " ".join(" ".join(lines).split())
+
+
+@pytest.fixture(scope="module")
+def one_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("words") / "one.onnx"
+    onnx.save(one_node(), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def match() -> BisectResult:
+    return onnx_bisect.bisect(one_node(), target="cpu?opt=disable")
+
+
+# --- 1. agreeing outputs are said to agree, within the criterion ---------------------------
+
+
+def test_the_criterion_reads_as_agreement_for_outputs_that_agree() -> None:
+    assert Criterion().agreement() == "rel_l2 ≤ 0.001"
+    assert Criterion(metric="cosine", threshold=0.99).agreement() == "cosine ≥ 0.99"
+    assert Criterion(noise=lambda tensor, ref: None).agreement() == AUTO_AGREES
+    floor = Criterion(abs_floor=1e-6).agreement()
+    assert floor == "rel_l2 ≤ 0.001 or max_abs ≤ 1e-06 × max(1, |reference|)"
+    assert Criterion(atol=0.1).agreement() == "allclose(atol=0.1, rtol=0.001)"
+    # repro.py says the same in ASCII, as everything it prints.
+    script = template.Criterion("cosine", 0.99, None, None)
+    assert script.agreement() == "cosine >= 0.99"
+
+
+def test_a_match_in_a_terminal_says_its_output_agrees(one_path: Path) -> None:
+    ran = run_cli(str(one_path), "--target", "cpu?opt=disable", tty=(True, True))
+    assert ran.code == 0, ran.stdout + ran.stderr
+    lines = ran.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    said = rf"cpu\?opt=disable vs cpu on {re.escape(str(one_path))}: 1 output agrees: "
+    assert re.fullmatch(
+        rf"No divergence: {said}rel_l2 ≤ 4 × fp32 noise \+ 1e-05 \(\d+\.\d\ds\)", words(lines)
+    )
+
+
+def test_a_match_agrees_in_every_report(match: BisectResult) -> None:
+    assert repr(match) == "<BisectResult match: 1 output agrees>"
+    md = render_markdown(match).splitlines()
+    assert f"**No divergence**: every final output agrees: {AUTO_AGREES}." in md
+    assert "- criterion: a tensor diverges where rel_l2 > 4 × fp32 noise + 1e-05" in md
+    page = render_html(match)
+    assert (
+        '<p><span class="verdict match">No divergence</span> every final output agrees: '
+        f"<code>{html.escape(AUTO_AGREES)}</code></p>"
+    ) in page
+
+
+def test_an_issue_says_when_an_output_is_ok() -> None:
+    # A fixed threshold: no float64 oracle to wait for; the words are the same function's.
+    result = onnx_bisect.bisect(one_node(), target=FaultyBackend("only"), threshold=1e-3)
+    assert "\nAn output is `ok` where rel_l2 ≤ 0.001.\n" in render_issue(result)
+    assert (
+        '<p><span class="verdict diverged">Diverged</span> a tensor diverges where '
+        "<code>rel_l2 &gt; 0.001</code></p>"
+    ) in render_html(result)
