@@ -20,9 +20,12 @@ from onnx_bisect.report.markdown import render_markdown
 from onnx_bisect.repro import template
 from onnx_bisect.result import BisectResult
 from tests.faulty import FaultyBackend
+from tests.models import chain
 from tests.test_terminal import one_node, run_cli
 
 AUTO_AGREES = "rel_l2 ≤ 4 × fp32 noise + 1e-05"
+# mm1 of tests.models.chain() 5% off, as a spec the console script can build.
+CHAIN_FAULT = "tests.faulty:InputFaultBackend?node=mm1&factor=0.05&trigger=0"
 
 
 def words(lines: list[str]) -> str:
@@ -88,3 +91,26 @@ def test_an_issue_says_when_an_output_is_ok() -> None:
         '<p><span class="verdict diverged">Diverged</span> a tensor diverges where '
         "<code>rel_l2 &gt; 0.001</code></p>"
     ) in render_html(result)
+
+
+# --- 2. the repro bundle says how many target runs shrank it -------------------------------
+
+
+def test_a_repro_bundle_says_how_many_target_runs_shrank_it(tmp_path: Path) -> None:
+    onnx.save(chain(), tmp_path / "chain.onnx")
+    out = tmp_path / "out"
+    args = ("--target", CHAIN_FAULT, "--threshold", "1e-3", "--out", str(out))
+    ran = run_cli(str(tmp_path / "chain.onnx"), *args, tty=(True, True))
+    assert ran.code == 1, ran.stdout + ran.stderr
+    said = "1 node: mm1 (shrunk from 8 nodes in 1 target run)"
+    bundle = f"Repro bundle {out / 'repro'} (divergence, verified): {said}"
+    assert bundle in words(ran.stdout.splitlines())
+    report = (out / "report.md").read_text().splitlines()
+    assert f"**Repro bundle** (`{out / 'repro'}`, verified): {said}" in report
+    readme = (out / "repro" / "README.md").read_text().splitlines()
+    assert readme[2:5] == [
+        "- shrunk from 8 nodes to 1 in 1 target run: `mm1`",
+        "- fed the reference’s tensors at the cut",
+        "- verified: re-run in a fresh process, it reproduces",
+    ]
+    assert readme[5] == ""

@@ -54,14 +54,18 @@ def _bundle_lines(result: BisectResult) -> list[str]:
             "reference runtime disagreeing with them on this subgraph means the *graph* changed "
             "the numbers, not a kernel"
         ]
+    shrunk = f"shrunk from {plural(r.nodes_before, 'node')} to {len(r.nodes)}"
+    # The message repeats the nodes (and a failed verification's words, already in ``state``);
+    # only a bundle that needs the graph before it says more there.
+    prefix = [f"- {r.message}"] if r.reproduces and not r.isolated else []
     return [
         *pair,
-        f"- {plural(len(r.nodes), 'node')} of {r.nodes_before}: "
+        f"- {shrunk} in {plural(r.runs, 'target run')}: "
         + ", ".join(f"`{n}`" for n in r.nodes[:8])
         + (" …" if len(r.nodes) > 8 else ""),
         f"- fed {'the reference’s tensors at the cut' if r.isolated else 'the model’s own inputs'}",
         f"- {state}",
-        f"- {r.message}",
+        *prefix,
     ]
 
 
