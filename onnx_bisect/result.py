@@ -174,6 +174,12 @@ class NodeResult:
         return self.isolated.score if self.isolated else None
 
     @property
+    def probed(self) -> bool:
+        """Whether a tensor of it was compared, in the model or fed the reference's inputs (a
+        cut search or a crash's bisection runs nodes without comparing theirs)."""
+        return self.accumulated is not None or self.isolated is not None
+
+    @property
     def diverged(self) -> bool:
         if self.verdict is Verdict.NOT_COMPARABLE:
             return False

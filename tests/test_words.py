@@ -19,7 +19,7 @@ from onnx_bisect.report.issue import render_issue
 from onnx_bisect.report.markdown import render_markdown
 from onnx_bisect.repro import template
 from onnx_bisect.result import BisectResult
-from tests.faulty import FaultyBackend
+from tests.faulty import FaultyBackend, RefusingBackend
 from tests.models import chain
 from tests.test_terminal import one_node, run_cli
 
@@ -114,3 +114,29 @@ def test_a_repro_bundle_says_how_many_target_runs_shrank_it(tmp_path: Path) -> N
         "- verified: re-run in a fresh process, it reproduces",
     ]
     assert readme[5] == ""
+
+
+# --- 3. report.md counts the nodes actually probed -----------------------------------------
+
+
+def test_a_report_counts_only_the_nodes_it_probed() -> None:
+    # A target that cannot run Tanh: its bisection runs prefixes and compares no tensor.
+    refused = onnx_bisect.bisect(chain(), target=RefusingBackend("Tanh"), threshold=1e-3)
+    assert not any(n.probed for n in refused.nodes)
+    md = render_markdown(refused).splitlines()
+    assert (
+        "**Nodes around the root cause**, in graph order (`nodes.csv` lists all 8 nodes; none "
+        "was probed: no node's tensors were compared)"
+    ) in md
+    # A row without a tensor has an empty cell, not an empty code span.
+    assert "| 2 | `mm1` | MatMul | not-probed | — | — | — |  |" in md
+    assert "with every node in `nodes.csv`" in render_issue(refused)
+    # The cut search compares the tensors around its cuts only.
+    found = onnx_bisect.bisect(
+        chain(12), target=FaultyBackend("mm7"), threshold=1e-3, strategy="bisect"
+    )
+    assert sum(n.probed for n in found.nodes) == 6
+    assert (
+        "**Nodes around the root cause**, in graph order (the full table is in `nodes.csv`: "
+        "24 nodes, 6 of them probed)"
+    ) in render_markdown(found).splitlines()

@@ -134,7 +134,7 @@ def render_issue(result: BisectResult) -> str:
             head += ["", "## What the target said", "", *fenced(rc.message)]
     tail = [
         "",
-        "The full report (`report.md`, with every probed node in `nodes.csv`) is attached; "
+        "The full report (`report.md`, with every node in `nodes.csv`) is attached; "
         "it was written by onnx-bisect.",
         "",
     ]

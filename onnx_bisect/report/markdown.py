@@ -127,13 +127,25 @@ def _nodes_section(result: BisectResult) -> list[str]:
     if not result.nodes:
         return []
     rows = around(result)
-    where = f"the full table, {plural(len(result.nodes), 'probed node')}, is in `nodes.csv`"
+    where = _full_table(result)
     if rows:
         title = f"**Nodes around the root cause**, in graph order ({where})"
         return ["", title, "", *render_table(result, rows)]
     top = result.top(TOP_K)
     title = f"**Largest accumulated errors** ({where})"
     return ["", title, "", *render_table(result, top)] if top else []
+
+
+def _full_table(result: BisectResult) -> str:
+    """Where every node's row is, counting only the nodes whose tensors were compared as
+    probed: a crash's bisection lists every node and compares none."""
+    total, probed = len(result.nodes), sum(n.probed for n in result.nodes)
+    if probed == total:
+        return f"the full table, {plural(total, 'probed node')}, is in `nodes.csv`"
+    if not probed:
+        listed = f"`nodes.csv` lists all {plural(total, 'node')}"
+        return f"{listed}; none was probed: no node's tensors were compared"
+    return f"the full table is in `nodes.csv`: {plural(total, 'node')}, {probed} of them probed"
 
 
 def next_steps(result: BisectResult) -> list[str]:
@@ -234,7 +246,7 @@ def render_table(result: BisectResult, nodes: Sequence[NodeResult | None]) -> li
         rows.append(
             f"| {n.index} | `{n.name}` | {n.op_type} | {n.verdict.value} | "
             f"{fmt(n.accumulated_error)} | {fmt(n.isolated_error)} | {fmt_amp(n.amplification)} | "
-            f"`{n.tensor or ''}` |"
+            f"{f'`{n.tensor}`' if n.tensor else ''} |"
         )
     return rows
 
