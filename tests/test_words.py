@@ -9,18 +9,21 @@ import html
 import re
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import onnx_bisect
-from onnx_bisect.compare.criterion import Criterion
+from onnx_bisect.compare.criterion import Criterion, Status
+from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.report.html import render_html
 from onnx_bisect.report.issue import render_issue
 from onnx_bisect.report.markdown import render_markdown
 from onnx_bisect.repro import template
-from onnx_bisect.result import BisectResult
+from onnx_bisect.result import BisectResult, NodeResult, Verdict, nonfinite_phrase
 from tests.faulty import FaultyBackend, RefusingBackend
-from tests.models import chain
+from tests.models import chain, make
 from tests.test_terminal import one_node, run_cli
 
 AUTO_AGREES = "rel_l2 ≤ 4 × fp32 noise + 1e-05"
@@ -140,3 +143,113 @@ def test_a_report_counts_only_the_nodes_it_probed() -> None:
         "**Nodes around the root cause**, in graph order (the full table is in `nodes.csv`: "
         "24 nodes, 6 of them probed)"
     ) in render_markdown(found).splitlines()
+
+
+# --- 4. NaN and Inf are shown as such, and where they first appear -------------------------
+
+
+def add_relu() -> onnx.ModelProto:
+    """x -> Add ``add`` (+ b) -> s -> Relu ``relu`` -> y, as in the report that read 0."""
+    b = numpy_helper.from_array(np.full((1, 8), 0.5, np.float32), "b")
+    nodes = [
+        helper.make_node("Add", ["x", "b"], ["s"], name="add"),
+        helper.make_node("Relu", ["s"], ["y"], name="relu"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])
+    return make(nodes, [x], [y], [b])
+
+
+def scale_exp() -> onnx.ModelProto:
+    """x -> Mul ``scale`` (× 1) -> h -> Exp ``exp`` -> y: fed 88, a 5% error in ``scale``
+    takes ``exp`` past float32's largest value, so Inf appears one node after the error."""
+    one = numpy_helper.from_array(np.ones((1, 4), np.float32), "one")
+    nodes = [
+        helper.make_node("Mul", ["x", "one"], ["h"], name="scale"),
+        helper.make_node("Exp", ["h"], ["y"], name="exp"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    return make(nodes, [x], [y], [one])
+
+
+def test_an_all_nan_output_reads_nan_and_says_where_nan_first_appears(tmp_path: Path) -> None:
+    onnx.save(add_relu(), tmp_path / "add_relu.onnx")
+    out = tmp_path / "out"
+    nan = "tests.faulty:InputFaultBackend?node=add&factor=nan&trigger=0"
+    args = ("--target", nan, "--threshold", "1e-3", "--out", str(out), "--format", "md")
+    ran = run_cli(str(tmp_path / "add_relu.onnx"), *args, "--no-repro", tty=(True, True))
+    assert ran.code == 1, ran.stdout + ran.stderr
+    lines = ran.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    said = words(lines)
+    assert "output y: nonfinite-mismatch, rel_l2=NaN max_abs=NaN First divergence:" in said
+    assert "First divergence: Add add (#0) tensor s: rel_l2=NaN max_abs=NaN cosine=NaN" in said
+    assert (
+        "NaN first appears: Add add (#0) tensor s: 8 of 8 values are NaN where the "
+        "reference's are finite"
+    ) in said
+    assert "Amplification chain: Add add NaN → Relu relu NaN strategy" in said
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in lines if "│ " in line]
+    assert rows == [
+        ["0", "add", "Add", "culprit", "NaN", "NaN", "—"],
+        ["1", "relu", "Relu", "propagated", "NaN", "0", "—"],
+    ]
+    md = (out / "report.md").read_text().splitlines()
+    assert (
+        "- **NaN first appears:** Add `add` (#0), tensor `s`: 8 of 8 values are NaN where the "
+        "reference's are finite."
+    ) in md
+    assert "- **Amplification chain** (rel_l2): Add add NaN → Relu relu NaN" in md
+    assert "| 0 | `add` | Add | culprit | NaN | NaN | — | `s` |" in md
+    assert (
+        "| `y` | nonfinite-mismatch | NaN | NaN | 8 NaN/Inf values differ from the reference |"
+        in md
+    )
+
+
+def test_inf_is_said_where_it_first_appears_after_the_first_divergence() -> None:
+    x = np.full((1, 4), 88.0, np.float32)
+    result = onnx_bisect.bisect(
+        scale_exp(), target=FaultyBackend("scale"), inputs={"x": x}, threshold=1e-3
+    )
+    assert result.first_divergence is not None and result.first_divergence.name == "scale"
+    lines = result.summary().splitlines()
+    assert lines[1] == "  output y: nonfinite-mismatch, rel_l2=inf max_abs=inf"
+    assert lines[3] == (
+        "Inf first appears: Exp exp (#1) tensor y: 4 of 4 values are Inf where the reference's "
+        "are finite"
+    )
+    md = render_markdown(result)
+    assert "| 1 | `exp` | Exp | propagated | inf | 0 | — | `y` |" in md
+    assert "- **Amplification chain** (rel_l2): Mul scale 0.05 → Exp exp inf\n" in md
+    assert "\n#1-1 ! " + "#" * 40 + "       inf  Exp exp\n" in md  # the error curve
+    issue = render_issue(result)
+    assert (
+        "\nInf first appears: Exp `exp` (#1), tensor `y`: 4 of 4 values are Inf where the "
+        "reference's are finite.\n"
+    ) in issue
+    assert "| `y` | nonfinite-mismatch | inf | inf |" in issue
+    page = render_html(result)
+    assert (
+        "<dt>Inf first appears</dt><dd>Exp <code>exp</code> (#1), tensor <code>y</code>: 4 of 4 "
+        "values are Inf where the reference&#x27;s are finite</dd>"
+    ) in page
+
+
+def test_misplaced_nan_and_inf_show_as_nan_and_inf_and_count_as_mismatches() -> None:
+    ref = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    both = compare_tensors("t", ref, np.array([np.nan, 2.0, np.inf, 4.0], np.float32), Criterion())
+    assert both.status is Status.NONFINITE
+    assert (both.nonfinite, both.target_nan, both.target_inf) == ("NaN", 1, 1)
+    assert [both.shown(m) for m in ("rel_l2", "max_abs", "cosine")] == ["NaN"] * 3
+    # The finite values agree; the misplaced ones are outside any tolerance all the same.
+    assert both.metrics["rel_l2"] == 0.0 and both.shown("mismatch") == "0.5"
+    inf = compare_tensors("t", ref[:2], np.array([np.inf, 2.0], np.float32), Criterion())
+    assert [inf.shown(m) for m in ("rel_l2", "cosine", "sqnr_db")] == ["inf", "NaN", "-inf"]
+    node = NodeResult(3, "n", "Div", ("a",), ("t",), Verdict.PROPAGATED, both)
+    assert nonfinite_phrase(node) == (
+        "NaN/Inf first appear",
+        "1 NaN and 1 Inf of 4 values where the reference's are finite",
+    )
+    assert repr(node) == "<NodeResult #3 Div n propagated: acc NaN iso —>"

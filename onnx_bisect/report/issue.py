@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from onnx_bisect.report.format import fenced, fmt, plural
+from onnx_bisect.report.format import fenced, plural
 from onnx_bisect.report.markdown import around, render_table
 from onnx_bisect.report.mermaid import mermaid_lines
-from onnx_bisect.result import CauseKind
+from onnx_bisect.result import CauseKind, nonfinite_origin, nonfinite_phrase
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult
@@ -118,7 +118,7 @@ def render_issue(result: BisectResult) -> str:
         head += ["", "## Expected vs actual", ""]
         head += ["| output | status | rel_l2 | max_abs |", "|---|---|---|---|"]
     for c in result.outputs:
-        rel, mx = fmt(c.metrics.get("rel_l2")), fmt(c.metrics.get("max_abs"))
+        rel, mx = c.shown("rel_l2"), c.shown("max_abs")
         head.append(f"| `{c.tensor}` | {c.status.value} | {rel} | {mx} |")
     if result.outputs:
         # What `ok` means, said as agreement: the bare criterion reads as the failing test.
@@ -128,6 +128,10 @@ def render_issue(result: BisectResult) -> str:
         acc = fd.accumulated
         detail = acc.reason if acc is not None else fd.verdict.value
         head += ["", f"First divergence: {fd.op_type} `{fd.name}` (#{fd.index}): {detail}."]
+    if (origin := nonfinite_origin(result)) is not None:
+        said, where = nonfinite_phrase(origin)
+        at = f"{origin.op_type} `{origin.name}` (#{origin.index}), tensor `{origin.tensor}`"
+        head += [f"{said}: {at}: {where}."]
     if rc is not None:
         head += [f"Root cause ({rc.kind}): {rc.reason}."]
         if rc.message:

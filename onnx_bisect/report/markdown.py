@@ -13,12 +13,14 @@ from onnx_bisect.report.format import (
     first_divergence_phrase,
     fmt,
     fmt_amp,
+    fmt_error,
     node_label,
     plural,
     search_line,
 )
 from onnx_bisect.report.mermaid import focus_node, mermaid_lines
 from onnx_bisect.report.passes import pass_markdown, workaround_step
+from onnx_bisect.result import nonfinite_origin, nonfinite_phrase
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
@@ -62,8 +64,8 @@ def render_markdown(result: BisectResult) -> str:
         lines += ["|---|---|---|---|---|"]
     for c in result.outputs:
         lines.append(
-            f"| `{c.tensor}` | {c.status.value} | {fmt(c.metrics.get('rel_l2'))} | "
-            f"{fmt(c.metrics.get('max_abs'))} | {_cell(c.reason)} |"
+            f"| `{c.tensor}` | {c.status.value} | {c.shown('rel_l2')} | "
+            f"{c.shown('max_abs')} | {_cell(c.reason)} |"
         )
     if result.task_checks:
         lines += ["", "**Task-level check** (top-k labels; informative, not part of the verdict)"]
@@ -186,14 +188,18 @@ def _summary(result: BisectResult) -> list[str]:
         acc = fd.accumulated
         out.append(
             f"- **First divergence:** {node_label(fd)}, tensor `{fd.tensor}`: "
-            f"{result.criterion.key} = {fmt(acc.score)}, "
-            f"max_abs = {fmt(acc.metrics.get('max_abs'))}"
+            f"{result.criterion.key} = {acc.shown(result.criterion.key)}, "
+            f"max_abs = {acc.shown('max_abs')}"
             + (f" ({acc.reason})" if acc.status.value != "diverged" else "")
         )
     elif fd is not None:
         out.append(f"- **First divergence:** {node_label(fd)}: {first_divergence_phrase(fd)}.")
     else:
         out.append("- **First divergence:** none among the probed tensors.")
+    origin = nonfinite_origin(result)
+    if origin is not None:
+        said, where = nonfinite_phrase(origin)
+        out.append(f"- **{said}:** {node_label(origin)}, tensor `{origin.tensor}`: {where}.")
     rc = result.root_cause
     if rc is not None:
         names = ", ".join(f"`{n}`" for n in rc.nodes) or "—"
@@ -245,7 +251,8 @@ def render_table(result: BisectResult, nodes: Sequence[NodeResult | None]) -> li
             continue
         rows.append(
             f"| {n.index} | `{n.name}` | {n.op_type} | {n.verdict.value} | "
-            f"{fmt(n.accumulated_error)} | {fmt(n.isolated_error)} | {fmt_amp(n.amplification)} | "
+            f"{fmt_error(n.accumulated, key)} | {fmt_error(n.isolated, key)} | "
+            f"{fmt_amp(n.amplification)} | "
             f"{f'`{n.tensor}`' if n.tensor else ''} |"
         )
     return rows

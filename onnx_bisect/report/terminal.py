@@ -15,7 +15,14 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from onnx_bisect.report.format import chain_line, curve_lines, fmt, fmt_amp, plural, search_line
+from onnx_bisect.report.format import (
+    chain_line,
+    curve_lines,
+    fmt_amp,
+    fmt_error,
+    plural,
+    search_line,
+)
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
@@ -97,8 +104,8 @@ def _table(result: BisectResult, rows: list[NodeResult], *, compact: bool) -> Ta
             Text(n.name),
             n.op_type,
             Text(n.verdict.value, style=_VERDICT_STYLE.get(n.verdict.value, "")),
-            fmt(n.accumulated_error),
-            fmt(n.isolated_error),
+            fmt_error(n.accumulated, key),
+            fmt_error(n.isolated, key),
             fmt_amp(n.amplification),
         ]
         table.add_row(*(cells[:2] + cells[3:] if compact else cells))
