@@ -253,3 +253,54 @@ def test_misplaced_nan_and_inf_show_as_nan_and_inf_and_count_as_mismatches() -> 
         "1 NaN and 1 Inf of 4 values where the reference's are finite",
     )
     assert repr(node) == "<NodeResult #3 Div n propagated: acc NaN iso —>"
+
+
+# --- 5. at 80 columns, node names wrap at separators, never inside a word ------------------
+
+SEPARATORS = "/._:"
+
+
+def long_names(blocks: int = 3, width: int = 8) -> onnx.ModelProto:
+    """tests.models.chain() with long, slash-separated names, as exporters write them."""
+    model = chain(blocks, width)
+    for node in model.graph.node:
+        i, what = node.name[-1], "MatMul" if node.op_type == "MatMul" else "Tanh"
+        node.name = f"/model/encoder/layers.{i}/self_attention/output_projection/{what}"
+    return model
+
+
+def name_cells(lines: list[str]) -> list[list[str]]:
+    """The node column of the compact table, one list of lines per row: where the header's
+    ``node`` starts up to where ``verdict`` starts."""
+    header = next(line for line in lines if re.match(r"\s*#\s+node\s+verdict", line))
+    start, end = header.index("node"), header.index("verdict")
+    first = lines.index(header) + 2  # below the rule
+    rows: list[list[str]] = []
+    for line in lines[first:]:
+        if not line.strip():
+            break
+        cell = line[start:end].strip()
+        if line[:start].strip():
+            rows.append([cell])
+        else:
+            rows[-1].append(cell)
+    return rows
+
+
+def test_at_80_columns_node_names_wrap_at_separators_only(tmp_path: Path) -> None:
+    model = long_names()
+    onnx.save(model, tmp_path / "long.onnx")
+    fault = model.graph.node[2].name
+    target = f"tests.faulty:InputFaultBackend?node={fault}&factor=0.05&trigger=0"
+    args = ("--target", target, "--threshold", "1e-3")
+    ran = run_cli(str(tmp_path / "long.onnx"), *args, tty=(True, True))
+    assert ran.code == 1, ran.stdout + ran.stderr
+    lines = ran.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    cells = name_cells(lines)
+    names = {n.name for n in model.graph.node}
+    assert len(cells) == 6 and all("".join(cell) in names for cell in cells)
+    assert all(len(cell) > 1 for cell in cells)  # they did need wrapping
+    for cell in cells:
+        assert all(line[-1] in SEPARATORS for line in cell[:-1]), cell
+    assert cells[0] == ["/model/encoder/layers.1/", "self_attention/", "output_projection/MatMul"]
