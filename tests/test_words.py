@@ -102,7 +102,7 @@ def test_an_issue_says_when_an_output_is_ok() -> None:
 def test_a_repro_bundle_says_how_many_target_runs_shrank_it(tmp_path: Path) -> None:
     onnx.save(chain(), tmp_path / "chain.onnx")
     out = tmp_path / "out"
-    args = ("--target", CHAIN_FAULT, "--threshold", "1e-3", "--out", str(out))
+    args = ("--target", CHAIN_FAULT, "--threshold", "1e-3", "--out", str(out), "--format", "md")
     ran = run_cli(str(tmp_path / "chain.onnx"), *args, tty=(True, True))
     assert ran.code == 1, ran.stdout + ran.stderr
     said = "1 node: mm1 (shrunk from 8 nodes in 1 target run)"
