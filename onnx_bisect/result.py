@@ -43,6 +43,8 @@ __all__ = [
     "SearchInfo",
     "Verdict",
     "first_divergence_phrase",
+    "nonfinite_origin",
+    "nonfinite_phrase",
     "target_arg",
 ]
 
@@ -54,6 +56,11 @@ class ChainLink:
     index: int
     rel_l2: float
     gain: float | None  # this node's amplification (output error ÷ worst input error)
+    nonfinite: str = ""  # "NaN" or "inf": its error, where NaN/Inf sit in different places
+
+    @property
+    def shown(self) -> str:
+        return self.nonfinite or fmt(self.rel_l2)
 
 
 @dataclass(frozen=True)
@@ -174,6 +181,12 @@ class NodeResult:
         return self.isolated.score if self.isolated else None
 
     @property
+    def probed(self) -> bool:
+        """Whether a tensor of it was compared, in the model or fed the reference's inputs (a
+        cut search or a crash's bisection runs nodes without comparing theirs)."""
+        return self.accumulated is not None or self.isolated is not None
+
+    @property
     def diverged(self) -> bool:
         if self.verdict is Verdict.NOT_COMPARABLE:
             return False
@@ -188,9 +201,13 @@ class NodeResult:
 
     def __repr__(self) -> str:
         # The comparisons' metrics and shapes would make a list of these unreadable.
-        acc, iso = fmt(self.accumulated_error), fmt(self.isolated_error)
+        acc, iso = _score(self.accumulated), _score(self.isolated)
         where = f"#{self.index} {self.op_type} {self.name}"
         return f"<NodeResult {where} {self.verdict}: acc {acc} iso {iso}>"
+
+
+def _score(c: Comparison | None) -> str:
+    return "—" if c is None else c.nonfinite or fmt(c.score)
 
 
 def first_divergence_phrase(n: NodeResult) -> str:
@@ -444,7 +461,7 @@ def _short(name: str, most: int = 60) -> str:
 
 
 def _passing(outputs: int) -> str:
-    return f"all {outputs} outputs pass" if outputs > 1 else f"{plural(outputs, 'output')} passes"
+    return f"all {outputs} outputs agree" if outputs > 1 else f"{plural(outputs, 'output')} agrees"
 
 
 def _summary_lines(r: BisectResult) -> list[Text]:
@@ -460,14 +477,14 @@ def _summary_lines(r: BisectResult) -> list[Text]:
     dataset = [Text.assemble(("Dataset", "bold"), f": {line}") for line in _dataset_lines(r)]
     if not r.diverged:
         total = r.timings.get("total", 0.0)
-        passing = f": {_passing(len(r.outputs))} {r.criterion.describe()} ({total:.2f}s)"
+        passing = f": {_passing(len(r.outputs))}: {r.criterion.agreement()} ({total:.2f}s)"
         lines = [Text.assemble(("No divergence", "green"), ": ", head, passing), *dataset]
         lines += checks
         return lines + _finding_lines(r) if r.nodes else lines
     lines = [Text.assemble(("Diverged", "bold red"), ": ", head), *dataset]
     for c in r.outputs:
         if c.diverged:
-            rel, mx = fmt(c.metrics.get("rel_l2")), fmt(c.metrics.get("max_abs"))
+            rel, mx = c.shown("rel_l2"), c.shown("max_abs")
             lines.append(
                 Text.assemble("  output ", (c.tensor, "bold"), f": {c.status.value}, ")
                 + Text(f"rel_l2={rel} max_abs={mx}")
@@ -484,15 +501,22 @@ def _finding_lines(r: BisectResult) -> list[Text]:
     label = ("First divergence", "bold")
     fd = r.first_divergence
     if fd is not None and fd.accumulated is not None:
-        m = fd.accumulated.metrics
-        numbers = f"rel_l2={fmt(m.get('rel_l2'))} max_abs={fmt(m.get('max_abs'))}"
-        where = f" (#{fd.index}) tensor {fd.tensor}: {numbers} cosine={fmt(m.get('cosine'))}"
+        c = fd.accumulated
+        numbers = f"rel_l2={c.shown('rel_l2')} max_abs={c.shown('max_abs')}"
+        where = f" (#{fd.index}) tensor {fd.tensor}: {numbers} cosine={c.shown('cosine')}"
         lines = [Text.assemble(label, f": {fd.op_type} ", (fd.name, "cyan"), where)]
     elif fd is not None:
         phrase = f" (#{fd.index}): {first_divergence_phrase(fd)}"
         lines = [Text.assemble(label, f": {fd.op_type} ", (fd.name, "cyan"), phrase)]
     else:
         lines = [Text.assemble(label, ": none among the probed tensors")]
+    origin = nonfinite_origin(r)
+    if origin is not None:
+        said, where = nonfinite_phrase(origin)
+        tail = f" (#{origin.index}) tensor {origin.tensor}: {where}"
+        lines.append(
+            Text.assemble((said, "bold"), f": {origin.op_type} ", (origin.name, "cyan"), tail)
+        )
     rc = r.root_cause
     if rc is not None:
         below = "" if r.diverged else ", below the output threshold"
@@ -507,3 +531,29 @@ def _finding_lines(r: BisectResult) -> list[Text]:
     if r.pass_bisection is not None:
         lines.append(Text.assemble(("Optimizer pass", "bold"), f": {r.pass_bisection.summary()}"))
     return lines
+
+
+def nonfinite_origin(r: BisectResult) -> NodeResult | None:
+    """The first node, in graph order, whose output holds a NaN or Inf where the reference's
+    is finite: where they first appear, which the first divergence need not be."""
+    for n in sorted(r.nodes, key=lambda n: n.index):
+        c = n.accumulated
+        if c is not None and (c.target_nan or c.target_inf):
+            return n
+    return None
+
+
+def nonfinite_phrase(n: NodeResult) -> tuple[str, str]:
+    """``("NaN first appears", "8 of 8 values are NaN where the reference's are finite")``."""
+    c = n.accumulated
+    assert c is not None
+    values = plural(math.prod(c.shape), "value")
+    if c.target_nan and c.target_inf:
+        counts = f"{c.target_nan} NaN and {c.target_inf} Inf of {values}"
+        return "NaN/Inf first appear", f"{counts} where the reference's are finite"
+    kind, count = ("NaN", c.target_nan) if c.target_nan else ("Inf", c.target_inf)
+    are = "is" if count == 1 else "are"
+    return (
+        f"{kind} first appears",
+        f"{count} of {values} {are} {kind} where the reference's are finite",
+    )

@@ -169,7 +169,7 @@ def test_compare_diverged_float_reason() -> None:
     assert c.status is Status.DIVERGED
     assert c.diverged
     assert c.score == pytest.approx(math.sqrt(5) / 5)
-    assert c.reason == "rel_l2=0.447 fails rel_l2 > 0.001"
+    assert c.reason == "rel_l2=0.447 > threshold 0.001"
 
 
 def test_compare_scalar() -> None:
@@ -297,7 +297,7 @@ def test_criterion_cosine_lower_is_worse() -> None:
     bad = compare_tensors("t", ref, np.array([1.0, 1.0], F32), crit)
     assert bad.score == pytest.approx(1 / math.sqrt(2))
     assert bad.status is Status.DIVERGED
-    assert bad.reason == "cosine=0.707 fails cosine < 0.99"
+    assert bad.reason == "cosine=0.707 < threshold 0.99"
     good = compare_tensors("t", ref, np.array([1.0, 0.01], F32), crit)
     assert good.score > 0.99
     assert good.status is Status.OK
@@ -328,7 +328,7 @@ def test_criterion_allclose_uses_mismatch_fraction() -> None:
     c = compare_tensors("t", ref, np.array([1.0, 2.0, 3.05, 4.5], F32), crit)
     assert c.status is Status.DIVERGED
     assert c.score == 0.25
-    assert c.reason == "mismatch=0.25 fails allclose(atol=0.1, rtol=0)"
+    assert c.reason == "1 of 4 values outside allclose(atol=0.1, rtol=0)"
     ok = compare_tensors("t", ref, np.array([1.05, 2.0, 3.05, 4.09], F32), crit)
     assert ok.status is Status.OK
     assert ok.score == 0.0

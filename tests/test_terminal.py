@@ -84,7 +84,7 @@ def test_repr_stays_short_for_long_names_and_many_cause_nodes(yolo: BisectResult
 
 def test_repr_of_a_match_and_of_a_cause_without_nodes(yolo: BisectResult) -> None:
     match = onnx_bisect.bisect(one_node(), target="cpu?opt=disable")
-    assert repr(match) == "<BisectResult match: 1 output passes>"
+    assert repr(match) == "<BisectResult match: 1 output agrees>"
     unknown = replace(yolo, root_cause=RootCause(CauseKind.NONE, (), "no single node"))
     assert repr(unknown) == f"<BisectResult diverged: first {FAULT}, no root cause; 192 nodes>"
 
@@ -111,8 +111,8 @@ def test_summary_is_the_head_of_the_terminal_output_without_markup(yolo: BisectR
 def test_summary_of_a_match_and_a_failure_quotes_the_target(yolo: BisectResult) -> None:
     match = onnx_bisect.bisect(one_node(), target="cpu?opt=disable")
     assert re.fullmatch(
-        r"No divergence: cpu\?opt=disable vs cpu on <in-memory ModelProto>: 1 output passes "
-        r"rel_l2 > 4 × fp32 noise \+ 1e-05 \(\d+\.\d\ds\)",
+        r"No divergence: cpu\?opt=disable vs cpu on <in-memory ModelProto>: 1 output agrees: "
+        r"rel_l2 ≤ 4 × fp32 noise \+ 1e-05 \(\d+\.\d\ds\)",
         match.summary(),
     )
     said = "kernel missing:\n\n  Conv with group=3"
@@ -325,7 +325,9 @@ def test_a_terminal_80_columns_wide_gets_lines_of_80_and_a_live_progress_line(
     assert " ".join(lines).count("diverges on its own when fed") == 1
     # The compact table: no op column, the node names whole.
     assert any(re.match(rf"\s*4\s+{FAULT}\s+culprit\s+0\.05\s+0\.05\s+—", line) for line in lines)
-    assert any(re.match(r"\s*19\s+/c2f1/m\.0/cv2/bn/BatchNormali", line) for line in lines)
+    # A name wider than its column breaks after a separator, not inside a word.
+    row = next(i for i, line in enumerate(lines) if re.match(r"\s*19\s+/c2f1/m\.0/cv2/bn/\s", line))
+    assert lines[row + 1].split() == ["BatchNormalization"]
     # Progress went to stderr, phase by phase with its runs and the elapsed time, and was
     # cleared before the summary.
     assert "screen: ref 1 run, target 1 run" in ran.stderr

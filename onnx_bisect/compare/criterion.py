@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from onnx_bisect.compare.metrics import METRICS
+from onnx_bisect.text import fmt
 
 __all__ = ["Comparison", "Criterion", "NOISE_EPS", "NOISE_K", "Status"]
 
@@ -95,13 +96,24 @@ class Criterion:
         return "mismatch" if self.allclose else self.metric
 
     def describe(self) -> str:
+        """When a tensor diverges: ``rel_l2 > 0.001``."""
         if self.allclose:
             return f"allclose(atol={self.atol_value:g}, rtol={self.rtol_value:g})"
-        if self.auto:
-            return f"{self.metric} > {self.k:g} × fp32 noise + {self.eps:g}"
         op = ">" if METRICS[self.metric].higher_is_worse else "<"
         floor = f" and max_abs > {self.abs_floor:g} × max(1, |reference|)" if self.abs_floor else ""
-        return f"{self.metric} {op} {self.threshold:g}{floor}"
+        return f"{self.metric} {op} {self._limit()}{floor}"
+
+    def agreement(self) -> str:
+        """When a tensor agrees, the negation of ``describe()``: ``rel_l2 ≤ 0.001``. Said of
+        outputs that pass, ``describe()`` read as if they had crossed the threshold."""
+        if self.allclose:
+            return self.describe()
+        op = "≤" if METRICS[self.metric].higher_is_worse else "≥"
+        floor = f" or max_abs ≤ {self.abs_floor:g} × max(1, |reference|)" if self.abs_floor else ""
+        return f"{self.metric} {op} {self._limit()}{floor}"
+
+    def _limit(self) -> str:
+        return f"{self.k:g} × fp32 noise + {self.eps:g}" if self.auto else f"{self.threshold:g}"
 
     @property
     def atol_value(self) -> float:
@@ -153,6 +165,13 @@ class Comparison:
     target_dtype: str = ""
     shape: tuple[int, ...] = ()
     nonfinite_mismatch: int = 0
+    # Where NaN/Inf sit in different places, the metrics cover the elements finite in both
+    # (an all-NaN tensor's would all be 0, which reads as bit-identical). ``nonfinite``: the
+    # error once those elements count, "NaN" or "inf" ("" with none); ``target_nan`` and
+    # ``target_inf``: the target's NaN and Inf values where the reference's are finite.
+    nonfinite: str = ""
+    target_nan: int = 0
+    target_inf: int = 0
     reason: str = ""
     threshold: float | None = None  # what the deciding number was held against
     noise: float | None = None  # the fp32 noise floor behind an automatic threshold
@@ -161,3 +180,16 @@ class Comparison:
     @property
     def diverged(self) -> bool:
         return self.status is not Status.OK
+
+    def shown(self, metric: str) -> str:
+        """``metric`` for people: NaN or inf where NaN/Inf sit in different places, however
+        small the error of the finite elements; "—" where it was not computed."""
+        if self.nonfinite and metric in _WITH_INF:
+            return "NaN" if self.nonfinite == "NaN" else _WITH_INF[metric]
+        return fmt(self.metrics.get(metric))
+
+
+# Each metric with an infinite error (a NaN error makes every one NaN); the allclose mismatch
+# fraction counts the misplaced values, so it stays a number.
+_WITH_INF = {"rel_l2": "inf", "max_abs": "inf", "mean_abs": "inf", "cosine": "NaN",
+             "sqnr_db": "-inf"}  # fmt: skip

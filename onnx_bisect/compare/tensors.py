@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from onnx_bisect.compare.criterion import Comparison, Criterion, Status
-from onnx_bisect.compare.metrics import MetricSums, blocks, norm_ratio
+from onnx_bisect.compare.metrics import METRICS, MetricSums, blocks, norm_ratio
 from onnx_bisect.text import plural
 
 __all__ = ["REFERENCE_ABS_FLOOR", "compare_tensors"]
@@ -70,7 +70,7 @@ def compare_tensors(
     limit, noise = crit.threshold_for(name, ref)
     if _kind(ref) == "float":
         judged = _judge_float(ref.ravel(), target.ravel(), crit, limit)
-        status, metrics, nonfinite, reason, finite = judged
+        status, metrics, misplaced, reason, finite = judged
         off = ""
         if crit.truth is not None:
             # With every value finite, the reference's rel_l2 against float64 is its noise
@@ -80,15 +80,18 @@ def compare_tensors(
         if off:
             status, reason = Status.DIVERGED, off
     else:
-        status, metrics, nonfinite, reason = _judge_exact(ref.ravel(), target.ravel())
-        off = ""
+        status, metrics, _, reason = _judge_exact(ref.ravel(), target.ravel())
+        misplaced, off = _Misplaced(), ""
     return Comparison(
         name,
         status,
         metrics[crit.key],
         metrics,
         shape=tuple(ref.shape),
-        nonfinite_mismatch=nonfinite,
+        nonfinite_mismatch=misplaced.count,
+        nonfinite=misplaced.label,
+        target_nan=misplaced.target_nan,
+        target_inf=misplaced.target_inf,
         reason=reason,
         ref_dtype=rd,
         target_dtype=td,
@@ -115,38 +118,68 @@ def _judge_exact(ref: Array, target: Array) -> _Judged:
     return Status.OK, metrics, 0, ""
 
 
+class _Misplaced:
+    """NaN and Inf at different places in the two tensors, counted block by block."""
+
+    def __init__(self) -> None:
+        self.count = self.target_nan = self.target_inf = 0
+        self.nan = False  # a NaN among them: the error is NaN there, not inf
+
+    def split(self, r: npt.NDArray[np.float64], t: npt.NDArray[np.float64]) -> npt.NDArray[Any]:
+        """Counts the misplaced values of a block; the mask of the values finite in both."""
+        fin_r, fin_t = np.isfinite(r), np.isfinite(t)
+        rn, tn = np.isnan(r), np.isnan(t)
+        ri, ti = np.isinf(r), np.isinf(t)
+        # NaN and Inf must sit at the same places with the same sign; the rest compares as
+        # values.
+        bad = (rn != tn) | (ri != ti) | (ri & ti & (np.sign(r) != np.sign(t)))
+        self.count += int(np.count_nonzero(bad))
+        self.nan = self.nan or bool(np.any(bad & (rn | tn)))
+        self.target_nan += int(np.count_nonzero(tn & fin_r))
+        self.target_inf += int(np.count_nonzero(ti & fin_r))
+        keep: npt.NDArray[Any] = fin_r & fin_t
+        return keep
+
+    @property
+    def label(self) -> str:
+        return "" if not self.count else "NaN" if self.nan else "inf"
+
+
 def _judge_float(
     ref: Array, target: Array, crit: Criterion, limit: float
-) -> tuple[Status, dict[str, float], int, str, bool]:
+) -> tuple[Status, dict[str, float], _Misplaced, str, bool]:
     """The judgement, and whether every value of both was finite."""
     sums = MetricSums(crit.atol_value, crit.rtol_value)
-    nonfinite = 0
+    misplaced = _Misplaced()
     for r, t in blocks(ref, target):
-        fin_r, fin_t = np.isfinite(r), np.isfinite(t)
-        if not (fin_r.all() and fin_t.all()):
-            # NaN and Inf must sit at the same places with the same sign; the rest compares
-            # as values.
-            rn, tn = np.isnan(r), np.isnan(t)
-            ri, ti = np.isinf(r), np.isinf(t)
-            bad = (rn != tn) | (ri != ti) | (ri & ti & (np.sign(r) != np.sign(t)))
-            nonfinite += int(np.count_nonzero(bad))
-            keep = fin_r & fin_t
+        if not (np.isfinite(r).all() and np.isfinite(t).all()):
+            keep = misplaced.split(r, t)
             r, t = r[keep], t[keep]
         sums.add(r, t)
     metrics = sums.metrics()
+    if misplaced.count:
+        # Misplaced values are values outside any tolerance.
+        metrics["mismatch"] = (sums.far + misplaced.count) / (sums.n + misplaced.count)
+        differ = "differs" if misplaced.count == 1 else "differ"
+        reason = f"{plural(misplaced.count, 'NaN/Inf value')} {differ} from the reference"
+        return Status.NONFINITE, metrics, misplaced, reason, False
     score = metrics[crit.key]
-    if nonfinite:
-        differ = "differs" if nonfinite == 1 else "differ"
-        reason = f"{plural(nonfinite, 'NaN/Inf value')} {differ} from the reference"
-        return Status.NONFINITE, metrics, nonfinite, reason, False
     finite = sums.n == ref.size
     if crit.exceeds(score, limit) and not _below_abs_floor(sums, crit):
-        if crit.auto:
-            reason = f"{crit.key}={score:.3g} > threshold {limit:.3g}"
-        else:
-            reason = f"{crit.key}={score:.3g} fails {crit.describe()}"
-        return Status.DIVERGED, metrics, 0, reason, finite
-    return Status.OK, metrics, 0, "", finite
+        return Status.DIVERGED, metrics, misplaced, _exceeded(crit, score, limit, sums), finite
+    return Status.OK, metrics, misplaced, "", finite
+
+
+def _exceeded(crit: Criterion, score: float, limit: float, sums: MetricSums) -> str:
+    """Why a tensor diverges, as the comparison that holds: ``rel_l2=0.01 > threshold 0.001``
+    (``fails rel_l2 > 0.001`` read as the opposite of what it meant)."""
+    if crit.allclose:
+        return f"{sums.far} of {sums.n} values outside {crit.describe()}"
+    op = ">" if METRICS[crit.metric].higher_is_worse else "<"
+    reason = f"{crit.key}={score:.3g} {op} threshold {limit:.3g}"
+    if crit.abs_floor:
+        reason += f" and max_abs={sums.max_ad:.3g} > {_floor(crit.abs_floor, sums.ref_peak):.3g}"
+    return reason
 
 
 def _below_abs_floor(sums: MetricSums, crit: Criterion) -> bool:

@@ -7,6 +7,7 @@ YOLO11x report show up here as the links with large gains.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from onnx_bisect.graph.view import LoadedModel
@@ -35,10 +36,23 @@ def amplification_chain(
         err = node.rel_l2
         if err is None:
             break
-        links.append(ChainLink(node.name, node.op_type, node.index, err, node.amplification))
-        nxt = [(e, c) for c in consumers.get(current, ()) if (e := by_index[c].rel_l2) is not None]
+        nonfinite = node.accumulated.nonfinite if node.accumulated else ""
+        links.append(
+            ChainLink(node.name, node.op_type, node.index, err, node.amplification, nonfinite)
+        )
+        nxt = [
+            (e, c) for c in consumers.get(current, ()) if (e := _carried(by_index[c])) is not None
+        ]
         current = max(nxt)[1] if nxt else None
     return tuple(links)
+
+
+def _carried(node: NodeResult) -> float | None:
+    """The error a consumer carries: NaN or Inf where the reference has none, or the other way
+    round, is the largest (its rel_l2 covers only the values finite in both: 0 when all NaN)."""
+    if node.accumulated is not None and node.accumulated.nonfinite:
+        return math.inf
+    return node.rel_l2
 
 
 def chain_from(

@@ -100,7 +100,10 @@ def _amplification(
     """Output error ÷ worst input error, both as rel_l2: how much this node grows the error."""
     if acc is None or "rel_l2" not in acc.metrics:
         return None
-    ins = [accumulated[t].metrics.get("rel_l2", 0.0) for t in node.inputs if t in accumulated]
+    known = [accumulated[t] for t in node.inputs if t in accumulated]
+    if acc.nonfinite or any(c.nonfinite for c in known):
+        return None  # a NaN or Inf error has no ratio (rel_l2 leaves those values out)
+    ins = [c.metrics.get("rel_l2", 0.0) for c in known]
     worst_in = max((x for x in ins if x == x), default=0.0)
     out = acc.metrics["rel_l2"]
     if worst_in <= 0.0 or out != out:

@@ -24,23 +24,25 @@ class CurvePoint:
     last: int
     node: str
     op_type: str
-    error: float
+    error: float  # inf where NaN/Inf sit in different places: the worst there is
     diverged: bool
+    nonfinite: str = ""  # then "NaN" or "inf", as shown
 
     def to_dict(self) -> dict[str, Any]:
+        error = "nan" if self.nonfinite == "NaN" else str(self.error)
         return {
             "first": self.first,
             "last": self.last,
             "node": self.node,
             "op_type": self.op_type,
-            "error": self.error if math.isfinite(self.error) else str(self.error),
+            "error": self.error if math.isfinite(self.error) else error,
             "diverged": self.diverged,
         }
 
 
 def error_curve(nodes: Sequence[NodeResult], segments: int = 24) -> tuple[CurvePoint, ...]:
-    """Up to ``segments`` points over the nodes with a finite accumulated error."""
-    scored = [(n, e) for n in nodes if (e := n.rel_l2) is not None]
+    """Up to ``segments`` points over the nodes with a measured accumulated error."""
+    scored = [(n, e) for n in nodes if (e := _error(n)) is not None]
     if not scored or segments < 1:
         return ()
     size = math.ceil(len(scored) / segments)
@@ -56,6 +58,15 @@ def error_curve(nodes: Sequence[NodeResult], segments: int = 24) -> tuple[CurveP
                 op_type=worst.op_type,
                 error=error,
                 diverged=any(n.diverged for n, _ in chunk),
+                nonfinite=worst.accumulated.nonfinite if worst.accumulated else "",
             )
         )
     return tuple(points)
+
+
+def _error(n: NodeResult) -> float | None:
+    """rel_l2, or inf where NaN/Inf sit in different places (rel_l2 covers only the values
+    finite in both, 0 for an all-NaN tensor)."""
+    if n.accumulated is not None and n.accumulated.nonfinite:
+        return math.inf
+    return n.rel_l2

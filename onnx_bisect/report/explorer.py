@@ -175,7 +175,8 @@ def overlay(
         place = _place(n.name, where)
         if comparison is None or place is None or math.isnan(comparison.score):
             continue
-        value = min(float(comparison.score), _TOP)
+        # A NaN or Inf error is the worst there is, whatever the finite values' error.
+        value = _TOP if comparison.nonfinite else min(float(comparison.score), _TOP)
         results = graphs.setdefault(place[0], {})
         if place[1] in results and results[place[1]]["value"] >= value:
             continue  # another loop iteration of the same body node was worse

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 
+from onnx_bisect.compare.criterion import Comparison
 from onnx_bisect.report.curve import error_curve
 from onnx_bisect.result import BisectResult, NodeResult, first_divergence_phrase
 from onnx_bisect.text import fmt, fmt_amp, plural
@@ -20,10 +21,17 @@ __all__ = [
     "first_divergence_phrase",
     "fmt",
     "fmt_amp",
+    "fmt_error",
     "node_label",
     "plural",
     "search_line",
 ]
+
+
+def fmt_error(c: Comparison | None, metric: str) -> str:
+    """A comparison's ``metric`` as shown: NaN or inf where NaN/Inf sit in different places
+    (``Comparison.shown``), "—" where nothing was compared."""
+    return "—" if c is None else c.shown(metric)
 
 
 def node_label(n: NodeResult) -> str:
@@ -49,22 +57,18 @@ def chain_line(result: BisectResult, most: int = 6) -> str:
     if len(chain) < 2:
         return ""
     first, last = chain[0], chain[-1]
-    overall = last.rel_l2 / first.rel_l2 if first.rel_l2 else None
+    # A NaN or Inf error has no ratio to speak of, and nor has an error of 0.
+    finite = not (first.nonfinite or last.nonfinite) and first.rel_l2
+    growth = [f"×{fmt(last.rel_l2 / first.rel_l2)} overall"] if finite else []
     gains = sorted((c for c in chain[1:] if c.gain is not None), key=lambda c: -(c.gain or 0))
     big = ", ".join(f"{c.op_type} {c.node} ×{fmt(c.gain)}" for c in gains[:3] if (c.gain or 0) > 1)
+    said = "; ".join(growth + ([f"largest gains: {big}"] if big else []))
+    tail = f" ({said})" if said else ""
+    if len(chain) <= most:
+        return " → ".join(f"{c.op_type} {c.node} {c.shown}" for c in chain) + tail
     between = plural(len(chain) - 2, "node")
-    path = f"{first.op_type} {first.node} {fmt(first.rel_l2)} → … ({between}) → "
-    path += f"{last.op_type} {last.node} {fmt(last.rel_l2)}"
-    growth = f"×{fmt(overall)} overall" if overall is not None else ""
-    tail = f"; largest gains: {big}" if big else ""
-    return (
-        f"{path} ({growth}{tail})"
-        if len(chain) > most
-        else (
-            " → ".join(f"{c.op_type} {c.node} {fmt(c.rel_l2)}" for c in chain)
-            + f" ({growth}{tail})"
-        )
-    )
+    path = f"{first.op_type} {first.node} {first.shown} → … ({between}) → "
+    return f"{path}{last.op_type} {last.node} {last.shown}{tail}"
 
 
 def curve_lines(result: BisectResult, width: int = 40) -> list[str]:
@@ -73,7 +77,7 @@ def curve_lines(result: BisectResult, width: int = 40) -> list[str]:
     points = error_curve(result.nodes)
     if len(points) < 2:
         return []
-    positive = [p.error for p in points if p.error > 0]
+    positive = [p.error for p in points if 0 < p.error < math.inf]
     if not positive:
         return []
     # The scale spans the errors seen, a decade below the smallest: shape, not absolute size.
@@ -83,12 +87,13 @@ def curve_lines(result: BisectResult, width: int = 40) -> list[str]:
     label_width = max(len(f"#{p.first}-{p.last}") for p in points)
     lines = [f"accumulated rel_l2, worst node per segment (log scale, {fmt(floor)} .. {fmt(top)})"]
     for p in points:
-        level = (math.log10(max(p.error, floor)) - math.log10(floor)) / span
+        level = (math.log10(min(max(p.error, floor), top)) - math.log10(floor)) / span
         bar = "#" * round(level * width)
         where = f"#{p.first}-{p.last}".ljust(label_width)
         mark = "!" if p.diverged else " "
         name = p.node if len(p.node) <= 36 else "…" + p.node[-35:]
-        lines.append(f"{where} {mark} {bar.ljust(width)} {fmt(p.error):>9}  {p.op_type} {name}")
+        error = p.nonfinite or fmt(p.error)
+        lines.append(f"{where} {mark} {bar.ljust(width)} {error:>9}  {p.op_type} {name}")
     return lines
 
 

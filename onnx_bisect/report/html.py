@@ -14,12 +14,14 @@ from html import escape
 from importlib.resources import files
 from typing import TYPE_CHECKING
 
-from onnx_bisect.report.format import chain_line, first_divergence_phrase, search_line
+from onnx_bisect.report.format import chain_line, first_divergence_phrase, fmt_error, search_line
 from onnx_bisect.report.neighbourhood import MAX_NODES, neighbourhood, neighbourhood_svg
 from onnx_bisect.report.plots import PLOTS_HINT, curve_svg
+from onnx_bisect.result import nonfinite_origin, nonfinite_phrase
 from onnx_bisect.text import fmt, fmt_amp, plural
 
 if TYPE_CHECKING:
+    from onnx_bisect.compare.criterion import Comparison
     from onnx_bisect.result import BisectResult, NodeResult
 
 __all__ = ["CSP", "render_html"]
@@ -62,10 +64,14 @@ def render_html(result: BisectResult) -> str:
 
 
 def _summary(r: BisectResult) -> list[str]:
-    state = ("diverged", "Diverged") if r.diverged else ("match", "No divergence")
+    crit = r.criterion
+    if r.diverged:
+        state, said = ("diverged", "Diverged"), ("a tensor diverges where", crit.describe())
+    else:
+        state, said = ("match", "No divergence"), ("every final output agrees:", crit.agreement())
     out = [
         f'<p><span class="verdict {state[0]}">{state[1]}</span> '
-        f"criterion: <code>{escape(r.criterion.describe())}</code></p>"
+        f"{said[0]} <code>{escape(said[1])}</code></p>"
     ]
     if r.outputs:
         out.append(
@@ -75,8 +81,8 @@ def _summary(r: BisectResult) -> list[str]:
         for c in r.outputs:
             out.append(
                 f"<tr><td><code>{escape(c.tensor)}</code></td><td>{escape(c.status.value)}</td>"
-                f'<td class="num">{fmt(c.metrics.get("rel_l2"))}</td>'
-                f'<td class="num">{fmt(c.metrics.get("max_abs"))}</td><td>{escape(c.reason)}</td>'
+                f'<td class="num">{c.shown("rel_l2")}</td>'
+                f'<td class="num">{c.shown("max_abs")}</td><td>{escape(c.reason)}</td>'
                 "</tr>"
             )
         out.append("</tbody></table>")
@@ -88,13 +94,17 @@ def _summary(r: BisectResult) -> list[str]:
     if fd is not None:
         acc = fd.accumulated
         what = (
-            f"{r.criterion.key} = {fmt(acc.score)}, max_abs = {fmt(acc.metrics.get('max_abs'))}"
+            f"{r.criterion.key} = {acc.shown(r.criterion.key)}, max_abs = {acc.shown('max_abs')}"
             if acc is not None and acc.diverged
             else first_divergence_phrase(fd)
         )
         facts.append(("First divergence", f"{_node(fd)}: {escape(what)}"))
     elif r.diverged:
         facts.append(("First divergence", "none among the probed tensors"))
+    if (origin := nonfinite_origin(r)) is not None:
+        appears, where = nonfinite_phrase(origin)
+        tensor = f"tensor <code>{escape(origin.tensor or '')}</code>"
+        facts.append((appears, f"{_node(origin)}, {tensor}: {escape(where)}"))
     rc = r.root_cause
     if rc is not None:
         names = ", ".join(f"<code>{escape(n)}</code>" for n in rc.nodes) or "—"
@@ -220,14 +230,20 @@ def _table(r: BisectResult) -> list[str]:
             + _num(n.index, str(n.index))
             + f'<td class="name">{escape(n.name)}</td><td>{escape(n.op_type)}</td>'
             f'<td><span class="badge v-{n.verdict.value}">{n.verdict.value}</span></td>'
-            + _num(n.accumulated_error, fmt(n.accumulated_error))
-            + _num(n.isolated_error, fmt(n.isolated_error))
+            + _error_cell(n.accumulated, key)
+            + _error_cell(n.isolated, key)
             + _num(n.amplification, fmt_amp(n.amplification))
             + _num(threshold, fmt(threshold))
             + f'<td class="mono">{escape(n.tensor or "")}</td></tr>'
         )
     out.append("</tbody></table>")
     return out
+
+
+def _error_cell(c: Comparison | None, key: str) -> str:
+    """An error cell; NaN and Inf errors sort as the largest, whatever the finite values'."""
+    value = None if c is None else math.inf if c.nonfinite else c.score
+    return _num(value, fmt_error(c, key))
 
 
 def _num(value: float | None, text: str) -> str:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from onnx_bisect.report.format import fenced, fmt, plural
+from onnx_bisect.report.format import fenced, plural
 from onnx_bisect.report.markdown import around, render_table
 from onnx_bisect.report.mermaid import mermaid_lines
-from onnx_bisect.result import CauseKind
+from onnx_bisect.result import CauseKind, nonfinite_origin, nonfinite_phrase
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult
@@ -54,14 +54,18 @@ def _bundle_lines(result: BisectResult) -> list[str]:
             "reference runtime disagreeing with them on this subgraph means the *graph* changed "
             "the numbers, not a kernel"
         ]
+    shrunk = f"shrunk from {plural(r.nodes_before, 'node')} to {len(r.nodes)}"
+    # The message repeats the nodes (and a failed verification's words, already in ``state``);
+    # only a bundle that needs the graph before it says more there.
+    prefix = [f"- {r.message}"] if r.reproduces and not r.isolated else []
     return [
         *pair,
-        f"- {plural(len(r.nodes), 'node')} of {r.nodes_before}: "
+        f"- {shrunk} in {plural(r.runs, 'target run')}: "
         + ", ".join(f"`{n}`" for n in r.nodes[:8])
         + (" …" if len(r.nodes) > 8 else ""),
         f"- fed {'the reference’s tensors at the cut' if r.isolated else 'the model’s own inputs'}",
         f"- {state}",
-        f"- {r.message}",
+        *prefix,
     ]
 
 
@@ -114,20 +118,27 @@ def render_issue(result: BisectResult) -> str:
         head += ["", "## Expected vs actual", ""]
         head += ["| output | status | rel_l2 | max_abs |", "|---|---|---|---|"]
     for c in result.outputs:
-        rel, mx = fmt(c.metrics.get("rel_l2")), fmt(c.metrics.get("max_abs"))
+        rel, mx = c.shown("rel_l2"), c.shown("max_abs")
         head.append(f"| `{c.tensor}` | {c.status.value} | {rel} | {mx} |")
+    if result.outputs:
+        # What `ok` means, said as agreement: the bare criterion reads as the failing test.
+        head += ["", f"An output is `ok` where {result.criterion.agreement()}."]
     rc, fd = result.root_cause, result.first_divergence
     if fd is not None:
         acc = fd.accumulated
         detail = acc.reason if acc is not None else fd.verdict.value
         head += ["", f"First divergence: {fd.op_type} `{fd.name}` (#{fd.index}): {detail}."]
+    if (origin := nonfinite_origin(result)) is not None:
+        said, where = nonfinite_phrase(origin)
+        at = f"{origin.op_type} `{origin.name}` (#{origin.index}), tensor `{origin.tensor}`"
+        head += [f"{said}: {at}: {where}."]
     if rc is not None:
         head += [f"Root cause ({rc.kind}): {rc.reason}."]
         if rc.message:
             head += ["", "## What the target said", "", *fenced(rc.message)]
     tail = [
         "",
-        "The full report (`report.md`, with every probed node in `nodes.csv`) is attached; "
+        "The full report (`report.md`, with every node in `nodes.csv`) is attached; "
         "it was written by onnx-bisect.",
         "",
     ]

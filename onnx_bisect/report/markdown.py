@@ -13,12 +13,14 @@ from onnx_bisect.report.format import (
     first_divergence_phrase,
     fmt,
     fmt_amp,
+    fmt_error,
     node_label,
     plural,
     search_line,
 )
 from onnx_bisect.report.mermaid import focus_node, mermaid_lines
 from onnx_bisect.report.passes import pass_markdown, workaround_step
+from onnx_bisect.result import nonfinite_origin, nonfinite_phrase
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
@@ -56,14 +58,14 @@ def render_markdown(result: BisectResult) -> str:
     lines += [f"- {k}: {v}" for k, v in result.versions.items()]
     inputs = ", ".join(f"`{k}` {list(v.shape)} {v.dtype}" for k, v in result.inputs.items())
     lines += [f"- inputs: {inputs} (saved in `inputs.npz`)"]
-    lines += [f"- criterion: {result.criterion.describe()}"]
+    lines += [f"- criterion: a tensor diverges where {result.criterion.describe()}"]
     if result.outputs:
         lines += ["", "**Final outputs**", "", "| output | status | rel_l2 | max_abs | note |"]
         lines += ["|---|---|---|---|---|"]
     for c in result.outputs:
         lines.append(
-            f"| `{c.tensor}` | {c.status.value} | {fmt(c.metrics.get('rel_l2'))} | "
-            f"{fmt(c.metrics.get('max_abs'))} | {_cell(c.reason)} |"
+            f"| `{c.tensor}` | {c.status.value} | {c.shown('rel_l2')} | "
+            f"{c.shown('max_abs')} | {_cell(c.reason)} |"
         )
     if result.task_checks:
         lines += ["", "**Task-level check** (top-k labels; informative, not part of the verdict)"]
@@ -127,13 +129,25 @@ def _nodes_section(result: BisectResult) -> list[str]:
     if not result.nodes:
         return []
     rows = around(result)
-    where = f"the full table, {plural(len(result.nodes), 'probed node')}, is in `nodes.csv`"
+    where = _full_table(result)
     if rows:
         title = f"**Nodes around the root cause**, in graph order ({where})"
         return ["", title, "", *render_table(result, rows)]
     top = result.top(TOP_K)
     title = f"**Largest accumulated errors** ({where})"
     return ["", title, "", *render_table(result, top)] if top else []
+
+
+def _full_table(result: BisectResult) -> str:
+    """Where every node's row is, counting only the nodes whose tensors were compared as
+    probed: a crash's bisection lists every node and compares none."""
+    total, probed = len(result.nodes), sum(n.probed for n in result.nodes)
+    if probed == total:
+        return f"the full table, {plural(total, 'probed node')}, is in `nodes.csv`"
+    if not probed:
+        listed = f"`nodes.csv` lists all {plural(total, 'node')}"
+        return f"{listed}; none was probed: no node's tensors were compared"
+    return f"the full table is in `nodes.csv`: {plural(total, 'node')}, {probed} of them probed"
 
 
 def next_steps(result: BisectResult) -> list[str]:
@@ -165,7 +179,8 @@ def next_steps(result: BisectResult) -> list[str]:
 
 def _summary(result: BisectResult) -> list[str]:
     if not result.diverged:
-        passing = f"**No divergence**: every final output passes {result.criterion.describe()}."
+        agree = result.criterion.agreement()
+        passing = f"**No divergence**: every final output agrees: {agree}."
         return [passing, *_dataset_lines(result)]
     out = ["**Diverged.**", "", *_dataset_lines(result)]
     fd = result.first_divergence
@@ -173,14 +188,18 @@ def _summary(result: BisectResult) -> list[str]:
         acc = fd.accumulated
         out.append(
             f"- **First divergence:** {node_label(fd)}, tensor `{fd.tensor}`: "
-            f"{result.criterion.key} = {fmt(acc.score)}, "
-            f"max_abs = {fmt(acc.metrics.get('max_abs'))}"
+            f"{result.criterion.key} = {acc.shown(result.criterion.key)}, "
+            f"max_abs = {acc.shown('max_abs')}"
             + (f" ({acc.reason})" if acc.status.value != "diverged" else "")
         )
     elif fd is not None:
         out.append(f"- **First divergence:** {node_label(fd)}: {first_divergence_phrase(fd)}.")
     else:
         out.append("- **First divergence:** none among the probed tensors.")
+    origin = nonfinite_origin(result)
+    if origin is not None:
+        said, where = nonfinite_phrase(origin)
+        out.append(f"- **{said}:** {node_label(origin)}, tensor `{origin.tensor}`: {where}.")
     rc = result.root_cause
     if rc is not None:
         names = ", ".join(f"`{n}`" for n in rc.nodes) or "—"
@@ -232,8 +251,9 @@ def render_table(result: BisectResult, nodes: Sequence[NodeResult | None]) -> li
             continue
         rows.append(
             f"| {n.index} | `{n.name}` | {n.op_type} | {n.verdict.value} | "
-            f"{fmt(n.accumulated_error)} | {fmt(n.isolated_error)} | {fmt_amp(n.amplification)} | "
-            f"`{n.tensor or ''}` |"
+            f"{fmt_error(n.accumulated, key)} | {fmt_error(n.isolated, key)} | "
+            f"{fmt_amp(n.amplification)} | "
+            f"{f'`{n.tensor}`' if n.tensor else ''} |"
         )
     return rows
 

@@ -107,7 +107,7 @@ def _style(n: NodeResult) -> str:
 
 def _label(n: NodeResult, key: str, gain: float | None) -> str:
     name = n.name if len(n.name) <= _NAME_CHARS else "…" + n.name[-(_NAME_CHARS - 1) :]
-    error = f"<br/>{key} {fmt(n.accumulated_error)}" if n.accumulated is not None else ""
+    error = f"<br/>{key} {n.accumulated.shown(key)}" if n.accumulated is not None else ""
     grew = f", gain ×{fmt(gain)}" if gain is not None else ""
     return f"{n.op_type} {_escape(name)}{error}<br/>{n.verdict.value}{grew}"
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING
 
-from onnx_bisect.text import fmt
+from onnx_bisect.report.format import fmt_error
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
@@ -162,7 +162,8 @@ def _box(n: NodeResult, at: tuple[int, int], centre: bool, key: str) -> str:
     name = n.name if len(n.name) <= 26 else "…" + n.name[-25:]
     tip = (
         f"#{n.index} {n.op_type} {n.name}\nverdict: {n.verdict.value}\n"
-        f"accumulated {key}: {fmt(n.accumulated_error)}\nisolated {key}: {fmt(n.isolated_error)}"
+        f"accumulated {key}: {fmt_error(n.accumulated, key)}\n"
+        f"isolated {key}: {fmt_error(n.isolated, key)}"
     )
     cls = f"node v-{n.verdict.value}" + (" centre" if centre else "")
     return (
@@ -171,5 +172,5 @@ def _box(n: NodeResult, at: tuple[int, int], centre: bool, key: str) -> str:
         f'<text x="8" y="15" class="op">{escape(n.op_type)} #{n.index}</text>'
         f'<text x="8" y="28" class="name">{escape(name)}</text>'
         f'<text x="8" y="40" class="err">{escape(n.verdict.value)} · '
-        f"{fmt(n.accumulated_error)}</text></g>"
+        f"{fmt_error(n.accumulated, key)}</text></g>"
     )

@@ -7,15 +7,24 @@ business (``cli.output.stdout``): a terminal's width, or unwrapped for a pipe.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from rich import box
-from rich.console import Console, RenderableType
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from onnx_bisect.report.format import chain_line, curve_lines, fmt, fmt_amp, plural, search_line
+from onnx_bisect.report.format import (
+    chain_line,
+    curve_lines,
+    fmt_amp,
+    fmt_error,
+    plural,
+    search_line,
+)
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
@@ -89,17 +98,48 @@ def _table(result: BisectResult, rows: list[NodeResult], *, compact: bool) -> Ta
     if not compact:
         columns.insert(2, "op")
     for col in columns:
-        # Only names fold: a number or a verdict broken over two lines misreads.
+        # Only names break: a number or a verdict broken over two lines misreads.
         table.add_column(col, overflow="fold", no_wrap=col not in ("node", "op"))
     for n in rows:
         cells: list[RenderableType] = [
             str(n.index),
-            Text(n.name),
+            _NodeName(n.name),
             n.op_type,
             Text(n.verdict.value, style=_VERDICT_STYLE.get(n.verdict.value, "")),
-            fmt(n.accumulated_error),
-            fmt(n.isolated_error),
+            fmt_error(n.accumulated, key),
+            fmt_error(n.isolated, key),
             fmt_amp(n.amplification),
         ]
         table.add_row(*(cells[:2] + cells[3:] if compact else cells))
     return table
+
+
+# Where a node name may break: after a "/", or, within a piece wider than the column, after
+# any separator.
+_PATH_PIECES = re.compile(r"[^/]*/+|[^/]+")
+_PIECES = re.compile(r"[^/._:]*[/._:]+|[^/._:]+")
+
+
+class _NodeName:
+    """A node name in a table cell: where the column is narrower than the name it breaks
+    after a separator (``/`` first, then ``.``, ``_``, ``:``), never inside a word, so that
+    ``/c2f1/m.0/cv2/bn/BatchNormalization`` does not read ``BatchNormali`` / ``zation``. Only a
+    word wider than the whole column still folds, as nothing else fits."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        words = _PIECES.findall(self.name) or [""]
+        return Measurement(max(cell_len(w) for w in words), cell_len(self.name))
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        lines = [""]
+        for path_piece in _PATH_PIECES.findall(self.name):
+            fits = cell_len(path_piece) <= width
+            for piece in [path_piece] if fits else _PIECES.findall(path_piece):
+                if lines[-1] and cell_len(lines[-1] + piece) > width:
+                    lines.append("")
+                lines[-1] += piece
+        yield Text("\n".join(lines), overflow="fold")

@@ -129,12 +129,15 @@ def build_bundle(
         last_written = (cand, tail)
         if ok:
             shown = ", ".join(names[:4]) + (" …" if len(names) > 4 else "")
-            spent = plural(runs, "target run")
-            message = f"{plural(len(names), 'node')}: {shown} ({spent} to minimize)"
+            # How the bundle was found, in words: "(1 target run to minimize)" was cryptic.
+            shrunk = (
+                f"shrunk from {plural(len(loaded.nodes), 'node')} in {plural(runs, 'target run')}"
+            )
+            message = f"{plural(len(names), 'node')}: {shown} ({shrunk})"
             if cand.prefix:
                 message = (
                     f"does not reproduce in isolation, smallest reproducing subgraph has "
-                    f"{plural(len(names), 'node')} (the graph up to {names[-1]!r})"
+                    f"{plural(len(names), 'node')} (the graph up to {names[-1]!r}; {shrunk})"
                 )
             return ReproInfo(
                 str(out_dir), kind, names, len(loaded.nodes), runs, not cand.prefix, True, message

@@ -767,6 +767,14 @@ class Criterion:
         op = ">" if _HIGHER_IS_WORSE[self.metric] else "<"
         return f"{self.metric} {op} {self.threshold:g}"
 
+    def agreement(self) -> str:
+        """When an output agrees: the negation of describe(), which read as the failing test
+        when said of outputs that agree. ASCII, as all of this script prints."""
+        if self.allclose:
+            return self.describe()
+        op = "<=" if _HIGHER_IS_WORSE[self.metric] else ">="
+        return f"{self.metric} {op} {self.threshold:g}"
+
     def fails(self, value: float) -> bool:
         if value != value:  # NaN
             return True
@@ -1045,7 +1053,7 @@ def _verdict(
         note = f"; note that the reference {ref_spec.text} disagrees with the expected outputs"
     print(
         f"NOT REPRODUCED: the target matches the expected outputs on this subgraph "
-        f"(no output fails {crit.describe()}){note}"
+        f"(every output agrees: {crit.agreement()}){note}"
     )
     return 0
 
