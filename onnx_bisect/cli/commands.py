@@ -420,7 +420,7 @@ def view_command(
     if importlib.util.find_spec("model_explorer") is None:
         stdout().print(
             "Model Explorer is not installed; install it and run:\n"
-            "  pip install ai-edge-model-explorer model-explorer-onnx\n"
+            "  pip install 'onnx-bisect[explorer]'\n"
             f"  {shlex.join(argv)}",
             markup=False,
         )
