@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import shlex
 import sys
 import textwrap
@@ -209,6 +210,31 @@ def test_mps_is_unavailable_here() -> None:
     assert message.startswith("backend 'mps' is not available here: MPS needs macOS")
     assert "exec:CMD" not in message  # the hint for mps is to dump tensors on the Mac
     assert "onnx-bisect dump MODEL --backend mps" in message and "dump:DIR" in message
+
+
+def test_mps_without_torch_off_macos_says_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # ``import torch`` now fails
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(platform, "system", lambda: "Linux")
+    with pytest.raises(BackendUnavailableError) as err:
+        create_backend("mps")
+    # Installing torch alone would only lead to the next refusal: both reasons at once.
+    assert str(err.value) == (
+        "backend 'mps' is not available here: MPS needs macOS on Apple silicon and this "
+        "machine runs Linux, and torch is not installed; install it with: "
+        "pip install 'onnx-bisect[torch]'; run `onnx-bisect dump MODEL --backend mps --out DIR` "
+        "where that device is, then compare here with --target dump:DIR"
+    )
+
+
+def test_torch_cpu_without_torch_says_only_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(BackendUnavailableError) as err:
+        create_backend("torch:cpu")
+    assert str(err.value) == (
+        "backend 'torch:cpu' is not available: torch is not installed; install it with: "
+        "pip install 'onnx-bisect[torch]'"
+    )
 
 
 # --- ONNX Runtime ---------------------------------------------------------------------------

@@ -93,6 +93,25 @@ def test_backends_lists_availability() -> None:
     assert "cpu = ort:cpu" in res.stdout
 
 
+def test_backends_install_hints_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    for package in ("openvino", "torch", "tract"):
+        monkeypatch.setitem(sys.modules, package, None)  # ``import PACKAGE`` now fails
+    res = runner.invoke(app, ["backends"])
+    assert res.exit_code == 0, res.output
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in res.stdout.splitlines()]
+    available = {row[0]: row[1] for row in rows if len(row) == 3 and row[0]}
+    # Read as rich markup, "[torch]" was a style tag and the hint said pip install 'onnx-bisect'.
+    assert available["openvino"] == (
+        "no: the openvino package is not installed (pip install 'onnx-bisect[openvino]')"
+    )
+    assert available["torch"] == (
+        "no: torch is not installed; install it with: pip install 'onnx-bisect[torch]'"
+    )
+    assert available["tract"] == (
+        "no: the tract package is not installed (pip install 'onnx-bisect[tract]')"
+    )
+
+
 def _npz(path: Path, **arrays: np.ndarray) -> Path:
     np.savez(path, **arrays)  # type: ignore[arg-type]
     return path

@@ -82,6 +82,7 @@ REQUIREMENTS: dict[str, Callable[[], bool]] = {
     "openvino": lambda: importlib.util.find_spec("openvino") is not None,
     "openvino-bf16": _openvino_default_bf16,
     "torch": lambda: importlib.util.find_spec("torch") is not None,
+    "tract": lambda: importlib.util.find_spec("tract") is not None,
     "onnxconverter-common": lambda: importlib.util.find_spec("onnxconverter_common") is not None,
     "onnxoptimizer": lambda: importlib.util.find_spec("onnxoptimizer") is not None,
     "not-macos": lambda: sys.platform != "darwin",

@@ -238,7 +238,7 @@ def test_view_without_model_explorer_prints_the_command(
     assert files is not None
     assert res.output.splitlines() == [
         "Model Explorer is not installed; install it and run:",
-        "  pip install ai-edge-model-explorer model-explorer-onnx",
+        "  pip install 'onnx-bisect[explorer]'",
         "  " + shlex.join(files.command()),
     ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 import onnx_bisect
 from onnx_bisect.cli import bisect_app
 from onnx_bisect.compare.criterion import NOISE_EPS, NOISE_K
+from onnx_bisect.engine.float64_job import ORACLE
 from tests.faulty import FaultyBackend
 from tests.models import TRANSFORMER, YOLO, YOLO_FUSED
 
@@ -80,3 +82,21 @@ def test_noise_k_and_eps_are_configurable() -> None:
     assert acc is not None and acc.noise is not None
     assert acc.threshold == pytest.approx(2.0 * acc.noise + 1e-4)
     assert result.criterion.describe() == "rel_l2 > 2 × fp32 noise + 0.0001"
+
+
+def test_without_torch_onnx_reference_is_the_oracle_and_the_note_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `make demo` installs no torch: its diagnosis must be the same, its note free of a dead
+    # child's traceback.
+    monkeypatch.setitem(sys.modules, "torch", None)  # ``import torch`` now fails
+    auto = onnx_bisect.bisect(YOLO, target=FaultyBackend(EARLY_CONV, 0.002), threshold="auto")
+    assert auto.root_cause is not None and auto.root_cause.nodes == (EARLY_CONV,)
+    (note,) = (n for n in auto.notes if "float64 values from" in n)
+    assert note.startswith(
+        "--threshold auto: float64 values from onnx.reference.ReferenceEvaluator"
+    )
+    assert note.endswith(
+        f" ({ORACLE}: backend '{ORACLE}' is not available: torch is not installed; "
+        "install it with: pip install 'onnx-bisect[torch]')"
+    )

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from onnx_bisect.api import bisect as run_bisect
 from onnx_bisect.backends.registry import adapters
@@ -389,11 +390,12 @@ def backends_command() -> None:
         details = adapter.details() if reason is None else None
         available = "yes" if reason is None else f"no: {reason}"
         description = f"{adapter.description} ({details})" if details else adapter.description
-        table.add_row(name, available, description)
+        # Plain text: as markup, the extra in "pip install 'onnx-bisect[torch]'" is a style tag.
+        table.add_row(Text(name), Text(available), Text(description))
     console = stdout()
     console.print(table)
     aliases = ", ".join(f"{k} = {v[0]}:{v[1]}" for k, v in ALIASES.items())
-    console.print(f"aliases: {aliases}")
+    console.print(f"aliases: {aliases}", markup=False)
 
 
 def _launch(argv: Sequence[str]) -> int:
@@ -418,7 +420,7 @@ def view_command(
     if importlib.util.find_spec("model_explorer") is None:
         stdout().print(
             "Model Explorer is not installed; install it and run:\n"
-            "  pip install ai-edge-model-explorer model-explorer-onnx\n"
+            "  pip install 'onnx-bisect[explorer]'\n"
             f"  {shlex.join(argv)}",
             markup=False,
         )

@@ -15,7 +15,12 @@ import onnx
 
 from onnx_bisect.backends.protocol import BackendBase, Capabilities, Emit, Tensors
 from onnx_bisect.backends.spec import BackendSpec
-from onnx_bisect.backends.torch.devices import check_device, present_devices, torch_missing
+from onnx_bisect.backends.torch.devices import (
+    check_device,
+    present_devices,
+    torch_missing,
+    unavailable_without_torch,
+)
 from onnx_bisect.backends.torch.options import TorchOptions
 from onnx_bisect.errors import BackendUnavailableError
 
@@ -31,7 +36,8 @@ class TorchBackend(BackendBase):
         self.options = TorchOptions.parse(spec)  # a bad spec is a usage error even without torch
         missing = torch_missing()
         if missing:
-            raise BackendUnavailableError(f"backend {spec.text!r} is not available: {missing}")
+            device, text = self.options.device, spec.text
+            raise BackendUnavailableError(unavailable_without_torch(device, text, missing))
         check_device(self.options.device, spec.text)
         self._weights: Any = None  # a WeightCache, made on the first run (it imports torch)
 

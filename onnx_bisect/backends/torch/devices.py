@@ -8,7 +8,13 @@ from importlib.util import find_spec
 
 from onnx_bisect.errors import BackendUnavailableError
 
-__all__ = ["INSTALL", "check_device", "present_devices", "torch_missing"]
+__all__ = [
+    "INSTALL",
+    "check_device",
+    "present_devices",
+    "torch_missing",
+    "unavailable_without_torch",
+]
 
 INSTALL = "pip install 'onnx-bisect[torch]'"
 _DUMP_HINT = (
@@ -32,6 +38,25 @@ def find_spec_safe(name: str) -> object | None:
         return find_spec(name)
     except ValueError:  # a module set to None in sys.modules
         return None
+
+
+def _machine_lacks(device: str) -> str | None:
+    """Why this machine cannot have ``device`` whatever torch is installed, or None: said
+    together with a missing torch, so that installing it is not the only advice."""
+    if device.partition(":")[0] == "mps" and sys.platform != "darwin":
+        return f"MPS needs macOS on Apple silicon and this machine runs {platform.system()}"
+    return None
+
+
+def unavailable_without_torch(device: str, spec_text: str, missing: str) -> str:
+    """The message for ``device`` when torch is ``missing``: what else stands in the way too."""
+    lacks = _machine_lacks(device)
+    if lacks is None:
+        return f"backend {spec_text!r} is not available: {missing}"
+    return (
+        f"backend {spec_text!r} is not available here: {lacks}, and {missing}; "
+        + _DUMP_HINT.format(spec=spec_text)
+    )
 
 
 def present_devices() -> list[str]:
@@ -59,10 +84,9 @@ def check_device(device: str, spec_text: str) -> None:
         return
     hint = _DUMP_HINT.format(spec=spec_text)
     if kind == "mps":
-        if sys.platform != "darwin":
-            why = f"MPS needs macOS on Apple silicon and this machine runs {platform.system()}"
-        else:
-            why = f"torch {torch.__version__} reports MPS unavailable (needs macOS 12.3+)"
+        why = _machine_lacks(device) or (
+            f"torch {torch.__version__} reports MPS unavailable (needs macOS 12.3+)"
+        )
     elif kind == "cuda":
         build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
         why = f"torch {torch.__version__} ({build}) sees no CUDA device {index or ''}".rstrip()

@@ -18,6 +18,7 @@ import onnx
 
 from onnx_bisect.backends.protocol import Backend, BackendBase, streams
 from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.backends.torch.devices import find_spec_safe
 from onnx_bisect.compare.noise import fp32_noise
 from onnx_bisect.engine.measure.observe import probe_runs
 from onnx_bisect.engine.measure.runs import plan_chunks, timed_run, timed_stream
@@ -159,6 +160,9 @@ def _chunk_bytes(session: Session) -> int:
 
 
 def _child_can_run(session: Session) -> bool:
+    if find_spec_safe("torch") is None:
+        # The child would only die importing it; the oracle built here says what to install.
+        return False
     weights = model_bytes(session.loaded.model).weights
     numeric = all(v.dtype.kind in "biufc" for v in session.feeds.values())
     return weights <= CHILD_MAX_WEIGHTS and numeric
