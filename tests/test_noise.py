@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 import onnx_bisect
 from onnx_bisect.cli import bisect_app
 from onnx_bisect.compare.criterion import NOISE_EPS, NOISE_K
-from onnx_bisect.engine.float64_job import ORACLE
+from onnx_bisect.engine.oracle.job import ORACLE
 from tests.faulty import FaultyBackend
 from tests.models import TRANSFORMER, YOLO, YOLO_FUSED
 
