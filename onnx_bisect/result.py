@@ -21,6 +21,7 @@ import numpy.typing as npt
 from rich.text import Text
 
 from onnx_bisect.compare.criterion import Comparison, Criterion
+from onnx_bisect.compare.precision import FLOAT32_DEFAULT, PrecisionInfo
 from onnx_bisect.compare.topk import TopKCheck
 from onnx_bisect.dataset_result import DatasetSummary
 from onnx_bisect.graph.match import Matching
@@ -99,12 +100,17 @@ class CauseKind(StrEnum):
     """``culprit``: one node is wrong by itself; ``reference``: the node's reference value is
     the one off (the target agrees with float64); ``parameter``: the target holds a different
     value of a constant or weight (a transform or a precision policy rounded it) and no node
-    computes wrongly; ``pattern``: only a window of connected nodes reproduces it; ``crash``:
+    computes wrongly; ``range``: one node's values are ones its precision could hold but
+    came back 0, ±Inf or NaN (a flush or an overflow); ``precision``: every node is within the
+    error its lower precision predicts, and the runtime chose that precision unasked;
+    ``pattern``: only a window of connected nodes reproduces it; ``crash``:
     the target dies when the node is present; ``unsupported``: the target cannot run the node
     (a missing kernel or conversion); ``error``: the target reports another error whenever the
     node is present; ``none``: none of these could be shown."""
 
     CULPRIT = "culprit"
+    RANGE = "range"
+    PRECISION = "precision"
     REFERENCE = "reference"
     PARAMETER = "parameter"
     PATTERN = "pattern"
@@ -118,10 +124,14 @@ class Verdict(StrEnum):
     """``reference-off``: fed the same inputs, the target agrees with float64 and the reference
     does not; ``parameter``: a constant (a Constant node, or arithmetic on initializers alone)
     whose value differs, never a culprit; ``not-comparable``: a constant whose two values
-    cannot be compared (shape () against (0,), folded away by the runtime)."""
+    cannot be compared (shape () against (0,), folded away by the runtime); ``range``: fed the
+    reference's inputs, values its precision holds come back 0, ±Inf or NaN; ``precision``:
+    beyond fp32 noise, within the error the target's lower precision predicts."""
 
     OK = "ok"
     CULPRIT = "culprit"
+    RANGE = "range"
+    PRECISION = "precision"
     REFERENCE_OFF = "reference-off"
     PARAMETER = "parameter"
     NOT_COMPARABLE = "not-comparable"
@@ -409,6 +419,9 @@ class BisectResult:
     transforms: tuple[TransformRecord, ...] = ()  # +NAME suffixes applied to either model
     task_checks: tuple[TopKCheck, ...] = ()  # per output, when asked for
     pass_bisection: PassBisection | None = None  # when the target has passes to switch off
+    # What each side computes float32 work in, and where that is known from.
+    ref_precision: PrecisionInfo = FLOAT32_DEFAULT
+    target_precision: PrecisionInfo = FLOAT32_DEFAULT
     # Dataset mode: every input screened, the sample's per-node statistics; the rest of the
     # result is the diagnosis of the worst input.
     dataset: DatasetSummary | None = None
@@ -475,13 +488,15 @@ def _summary_lines(r: BisectResult) -> list[Text]:
         for c in r.task_checks
     ]
     dataset = [Text.assemble(("Dataset", "bold"), f": {line}") for line in _dataset_lines(r)]
+    precision = _precision_lines(r)
     if not r.diverged:
         total = r.timings.get("total", 0.0)
-        passing = f": {_passing(len(r.outputs))}: {r.criterion.agreement()} ({total:.2f}s)"
+        agrees = _within_precision(r) or f"{_passing(len(r.outputs))}: {r.criterion.agreement()}"
+        passing = f": {agrees} ({total:.2f}s)"
         lines = [Text.assemble(("No divergence", "green"), ": ", head, passing), *dataset]
-        lines += checks
+        lines += precision + checks
         return lines + _finding_lines(r) if r.nodes else lines
-    lines = [Text.assemble(("Diverged", "bold red"), ": ", head), *dataset]
+    lines = [Text.assemble(("Diverged", "bold red"), ": ", head), *precision, *dataset]
     for c in r.outputs:
         if c.diverged:
             rel, mx = c.shown("rel_l2"), c.shown("max_abs")
@@ -490,6 +505,32 @@ def _summary_lines(r: BisectResult) -> list[Text]:
                 + Text(f"rel_l2={rel} max_abs={mx}")
             )
     return lines + checks + _finding_lines(r)
+
+
+def _within_precision(r: BisectResult) -> str:
+    """``agrees within float16 precision: 234 nodes, largest output error 4.4e-4, float16
+    predicts ≤ 6e-4``, where a lower precision's floors judged the outputs; else ""."""
+    lowered = [c for c in r.outputs if c.within_precision]
+    if not lowered or r.criterion.floors is None:
+        return ""
+    name = r.criterion.floors.precision.value
+    worst = max(lowered, key=lambda c: c.metrics.get("rel_l2", 0.0))
+    bound = r.criterion.k * (worst.precision_floor or 0.0) + r.criterion.eps
+    judged = sum(1 for n in r.nodes if n.verdict.value in ("ok", "precision"))
+    nodes = f"{plural(judged, 'node')}, " if judged else ""
+    return (
+        f"agrees within {name} precision: {nodes}largest output error "
+        f"{fmt(worst.metrics.get('rel_l2'))}, {name} predicts ≤ {fmt(bound)}"
+    )
+
+
+def _precision_lines(r: BisectResult) -> list[Text]:
+    """What each side computes in, where the target's is not plain float32 by default."""
+    tp, rp = r.target_precision, r.ref_precision
+    if tp.source == "default" and rp.source == "default":
+        return []
+    said = f"the target computes in {tp.describe()}; the reference in {rp.describe()}"
+    return [Text.assemble(("Precision", "bold"), f": {said}")]
 
 
 def _dataset_lines(r: BisectResult) -> list[str]:
@@ -520,10 +561,11 @@ def _finding_lines(r: BisectResult) -> list[Text]:
     rc = r.root_cause
     if rc is not None:
         below = "" if r.diverged else ", below the output threshold"
-        names = ", ".join(rc.nodes) or "—"
+        where = Text.assemble((", ".join(rc.nodes), "cyan"), " — ") if rc.nodes else Text()
         lines.append(
             Text.assemble(("Root cause", "bold"), " (", (str(rc.kind), "red"), f"{below}): ")
-            + Text.assemble((names, "cyan"), f" — {rc.reason}")
+            + where
+            + Text(rc.reason)
         )
         if rc.message:
             lines.append(Text.assemble(("The target said", "bold"), ":"))

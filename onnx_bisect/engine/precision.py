@@ -10,10 +10,129 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 
-from onnx_bisect.result import BackendInfo, NodeResult, Verdict
+import onnx
 
-__all__ = ["declared_precision", "fp32_spec", "precision_notes"]
+from onnx_bisect.backends.protocol import Backend, computes_in
+from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.compare.precision import (
+    FLOAT32_DEFAULT,
+    Precision,
+    PrecisionInfo,
+    parse_precision,
+)
+from onnx_bisect.compare.tensors import compare_tensors
+from onnx_bisect.engine.measure.observe import Observed
+from onnx_bisect.engine.measure.runs import timed_run
+from onnx_bisect.engine.session import Session
+from onnx_bisect.errors import OnnxBisectError
+from onnx_bisect.graph.view import LoadedModel
+from onnx_bisect.result import BackendInfo, CauseKind, NodeResult, RootCause, Verdict, target_arg
+from onnx_bisect.text import fmt
+from onnx_bisect.transforms.registry import TransformRecord
+
+__all__ = [
+    "declared_precision",
+    "fp32_spec",
+    "precision_notes",
+    "side_precision",
+    "unasked_precision",
+    "unasked_precision_cause",
+]
+
+
+def unasked_precision(session: Session, screened: Observed) -> bool:
+    """The runtime lowered the precision on its own, and that alone moves the outputs: they
+    are beyond fp32 noise, within what the lower precision predicts."""
+    target = session.setup.target_precision
+    lowered = target.lowered and not target.asked
+    return lowered and any(c.within_precision for c in screened.comparisons.values())
+
+
+def unasked_precision_cause(session: Session, screened: Observed) -> RootCause:
+    """The cause when the runtime chose a lower precision unasked: its setting, and the fp32
+    spec run on the whole model to show that it is the workaround."""
+    target = session.setup.target_precision
+    spec = fp32_spec(session.setup.target_info.spec)
+    verdict = _workaround_verdict(session, spec, screened)
+    within = [c for c in screened.comparisons.values() if c.within_precision]
+    worst = max(within, key=lambda c: c.metrics.get("rel_l2", 0.0))
+    name = target.precision.value
+    return RootCause(
+        CauseKind.PRECISION,
+        (),
+        f"the target computes in {name} without being asked ({target.how}); every final "
+        f"output is within the error {name} predicts (largest rel_l2 "
+        f"{fmt(worst.metrics.get('rel_l2'))}, {name} floor {fmt(worst.precision_floor)}). "
+        f"Workaround: {target_arg(spec)} ({verdict})",
+    )
+
+
+def _workaround_verdict(session: Session, spec: str, screened: Observed) -> str:
+    """Runs ``spec`` on the whole model and says whether it agrees with the reference at fp32
+    noise (no precision floors)."""
+    if spec.startswith("the "):
+        return "no fp32 spec known for this target"
+    try:
+        backend = create_backend(spec)
+        other = session.setup.target_model or session.loaded
+        out = timed_run(backend, other.model, session.feeds, "workaround", session.stats)
+    except OnnxBisectError as exc:
+        return f"NOT verified: it fails ({exc})"
+    crit = replace(session.crit, floors=None)
+    diverged = [
+        name
+        for name, ref in screened.ref_outputs.items()
+        if compare_tensors(name, ref, out.get(name), crit).diverged
+    ]
+    if diverged:
+        return f"NOT verified: {', '.join(diverged[:3])} still diverge at fp32 noise"
+    return "verified: it agrees with the reference at fp32 noise"
+
+
+def side_precision(
+    backend: Backend,
+    *,
+    flag: str | None = None,
+    transforms: Sequence[TransformRecord] = (),
+    model: LoadedModel | None = None,
+) -> PrecisionInfo:
+    """What one side computes float32 work in, from the most explicit word first: the user's
+    ``--target-precision``, a transform that lowers the model, a model file whose float
+    tensors are mostly float16/bfloat16, what the runtime says; else the model's own types."""
+    if flag is not None:
+        return PrecisionInfo(parse_precision(flag), "declared", "--target-precision", True)
+    for record in transforms:
+        if record.text.partition("=")[0] == "fp16":
+            how = f"the +{record.text} transform"
+            return PrecisionInfo(Precision.FLOAT16, "declared", how, True)
+    if model is not None:
+        found = _model_precision(model.model)
+        if found is not None:
+            how = f"the target model's float tensors are {found.value}"
+            return PrecisionInfo(found, "declared", how, True)
+    return computes_in(backend) or FLOAT32_DEFAULT
+
+
+_LOW_TYPES = {
+    onnx.TensorProto.FLOAT16: Precision.FLOAT16,
+    onnx.TensorProto.BFLOAT16: Precision.BFLOAT16,
+}
+
+
+def _model_precision(model: onnx.ModelProto) -> Precision | None:
+    """float16 or bfloat16 when most of a model's float values (weights and typed
+    intermediates) are of that type."""
+    graph = model.graph
+    types = [t.data_type for t in graph.initializer]
+    types += [v.type.tensor_type.elem_type for v in graph.value_info]
+    floats = [t for t in types if t in (onnx.TensorProto.FLOAT, *_LOW_TYPES)]
+    for elem, precision in _LOW_TYPES.items():
+        if floats and floats.count(elem) > len(floats) / 2:
+            return precision
+    return None
+
 
 _ON = {"1", "true", "on"}
 _NAMES = {"float16": "float16", "bfloat16": "bfloat16", "f16": "float16", "bf16": "bfloat16"}
