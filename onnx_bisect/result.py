@@ -500,9 +500,10 @@ def _summary_lines(r: BisectResult) -> list[Text]:
     for c in r.outputs:
         if c.diverged:
             rel, mx = c.shown("rel_l2"), c.shown("max_abs")
+            why = f" ({c.range_problem})" if c.range_problem else ""
             lines.append(
                 Text.assemble("  output ", (c.tensor, "bold"), f": {c.status.value}, ")
-                + Text(f"rel_l2={rel} max_abs={mx}")
+                + Text(f"rel_l2={rel} max_abs={mx}{why}")
             )
     return lines + checks + _finding_lines(r)
 
