@@ -17,6 +17,7 @@ import onnx
 
 from onnx_bisect.compare.criterion import NOISE_EPS, NOISE_K, Criterion
 from onnx_bisect.compare.metrics import METRICS
+from onnx_bisect.compare.precision import parse_precision
 from onnx_bisect.compare.topk import TopKSpec, parse_topk
 from onnx_bisect.errors import InputError
 from onnx_bisect.inputs.values import check_fills
@@ -40,7 +41,6 @@ DEFAULT_MAX_MEMORY = 4 << 30
 DEFAULT_SAMPLE = 8
 STRATEGIES = ("auto", "scan", "bisect")
 PASS_MODES = ("auto", "on", "off")
-PRECISIONS = ("float32", "tf32", "bfloat16", "float16")
 # --threshold auto: an error whose max_abs is at most this × the tensor's peak |reference| is
 # not significant (8 fp32 ulps of the tensor's scale; a sigmoid tail off by 4e-7 near 1e-7).
 SIGNIFICANCE = 1e-6
@@ -121,7 +121,10 @@ class BisectOptions:
         _whole("unroll_max", self.unroll_max, low=0)
         _choice("bisect_passes", self.bisect_passes, PASS_MODES)
         if self.target_precision is not None:
-            _choice("target_precision", self.target_precision.lower(), PRECISIONS)
+            try:
+                parse_precision(self.target_precision)
+            except ValueError as exc:
+                raise InputError(f"target_precision: {exc}", option="target_precision") from None
         self._check_dataset()
         self._check_together()
 

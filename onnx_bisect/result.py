@@ -434,10 +434,16 @@ class BisectResult:
         return [n for n in self.nodes if n.verdict is Verdict.CULPRIT]
 
     def top(self, k: int = 10) -> list[NodeResult]:
-        """The k nodes with the largest accumulated error, worst first."""
+        """The k nodes with the largest accumulated error, worst first; against a lower
+        precision, the nodes its precision explains come after the rest, so that the node
+        that is wrong is not hidden among hundreds of rounded ones."""
         scored = [n for n in self.nodes if n.accumulated is not None]
         crit = self.criterion
-        return sorted(scored, key=lambda n: crit.badness(n.accumulated), reverse=True)[:k]  # type: ignore[arg-type]
+
+        def rank(n: NodeResult) -> tuple[bool, float]:
+            return n.verdict is not Verdict.PRECISION, crit.badness(n.accumulated)  # type: ignore[arg-type]
+
+        return sorted(scored, key=rank, reverse=True)[:k]
 
     def __repr__(self) -> str:
         """``<BisectResult diverged: first /a/Conv, culprit /a/Conv; 192 nodes>``: the
@@ -562,10 +568,10 @@ def _finding_lines(r: BisectResult) -> list[Text]:
     rc = r.root_cause
     if rc is not None:
         below = "" if r.diverged else ", below the output threshold"
-        where = Text.assemble((", ".join(rc.nodes), "cyan"), " — ") if rc.nodes else Text()
+        names = Text.assemble((", ".join(rc.nodes), "cyan"), " — ") if rc.nodes else Text()
         lines.append(
             Text.assemble(("Root cause", "bold"), " (", (str(rc.kind), "red"), f"{below}): ")
-            + where
+            + names
             + Text(rc.reason)
         )
         if rc.message:
