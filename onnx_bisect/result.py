@@ -237,6 +237,14 @@ class RootCause:
     reason: str
     # The target's own words where it crashed or failed, whole: that is what gets filed.
     message: str = ""
+    # A spec that avoids it (a runtime's lowered precision: its fp32 setting), run and shown.
+    workaround: str = ""
+
+    @property
+    def is_bug(self) -> bool:
+        """Whether a runtime's maintainer has something to fix: a precision the runtime
+        chose is a setting to change, not a bug to report or a pass to bisect."""
+        return self.kind is not CauseKind.PRECISION
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -244,6 +252,7 @@ class RootCause:
             "nodes": list(self.nodes),
             "reason": self.reason,
             "message": self.message,
+            "workaround": self.workaround or None,
         }
 
 
@@ -436,12 +445,13 @@ class BisectResult:
     def top(self, k: int = 10) -> list[NodeResult]:
         """The k nodes with the largest accumulated error, worst first; against a lower
         precision, the nodes its precision explains come after the rest, so that the node
-        that is wrong is not hidden among hundreds of rounded ones."""
+        that is wrong is not hidden among hundreds of rounded ones (a diverged tensor is one
+        beyond its precision floor)."""
         scored = [n for n in self.nodes if n.accumulated is not None]
         crit = self.criterion
 
         def rank(n: NodeResult) -> tuple[bool, float]:
-            return n.verdict is not Verdict.PRECISION, crit.badness(n.accumulated)  # type: ignore[arg-type]
+            return n.diverged, crit.badness(n.accumulated)  # type: ignore[arg-type]
 
         return sorted(scored, key=rank, reverse=True)[:k]
 
@@ -497,7 +507,7 @@ def _summary_lines(r: BisectResult) -> list[Text]:
     precision = _precision_lines(r)
     if not r.diverged:
         total = r.timings.get("total", 0.0)
-        agrees = _within_precision(r) or f"{_passing(len(r.outputs))}: {r.criterion.agreement()}"
+        agrees = within_precision(r) or f"{_passing(len(r.outputs))}: {r.criterion.agreement()}"
         passing = f": {agrees} ({total:.2f}s)"
         lines = [Text.assemble(("No divergence", "green"), ": ", head, passing), *dataset]
         lines += precision + checks
@@ -514,7 +524,7 @@ def _summary_lines(r: BisectResult) -> list[Text]:
     return lines + checks + _finding_lines(r)
 
 
-def _within_precision(r: BisectResult) -> str:
+def within_precision(r: BisectResult) -> str:
     """``agrees within float16 precision: 234 nodes, largest output error 4.4e-4, float16
     predicts ≤ 6e-4``, where a lower precision's floors judged the outputs; else ""."""
     lowered = [c for c in r.outputs if c.within_precision]
@@ -531,13 +541,18 @@ def _within_precision(r: BisectResult) -> str:
     )
 
 
-def _precision_lines(r: BisectResult) -> list[Text]:
-    """What each side computes in, where the target's is not plain float32 by default."""
+def precision_phrase(r: BisectResult) -> str:
+    """What each side computes in, where either is known from more than the model's types;
+    else ""."""
     tp, rp = r.target_precision, r.ref_precision
     if tp.source == "default" and rp.source == "default":
-        return []
-    said = f"the target computes in {tp.describe()}; the reference in {rp.describe()}"
-    return [Text.assemble(("Precision", "bold"), f": {said}")]
+        return ""
+    return f"the target computes in {tp.describe()}; the reference in {rp.describe()}"
+
+
+def _precision_lines(r: BisectResult) -> list[Text]:
+    said = precision_phrase(r)
+    return [Text.assemble(("Precision", "bold"), f": {said}")] if said else []
 
 
 def _dataset_lines(r: BisectResult) -> list[str]:

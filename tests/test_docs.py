@@ -87,6 +87,9 @@ REQUIREMENTS: dict[str, Callable[[], bool]] = {
     "not-macos": lambda: sys.platform != "darwin",
     "cuda": _torch_cuda,
     "no-cuda": lambda: importlib.util.find_spec("torch") is not None and not _torch_cuda(),
+    "fp16-and-torch": lambda: all(
+        importlib.util.find_spec(m) is not None for m in ("onnxconverter_common", "torch")
+    ),
     "openvino-and-torch": lambda: all(
         importlib.util.find_spec(m) is not None for m in ("openvino", "torch")
     ),

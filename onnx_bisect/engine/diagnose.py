@@ -270,7 +270,10 @@ def to_result(
     notes += [n for b in (setup.ref, setup.target) if isinstance(b, BackendBase) for n in b.notes()]
     first = found.first if found else None
     if found is not None:
-        notes += precision_notes(found.nodes, setup.target_info)
+        floors = session.crit.floors is not None
+        notes += precision_notes(
+            found.nodes, setup.target_info, setup.target_precision, floors=floors
+        )
         if not diagnosis.diverged and first is not None:
             notes.append(
                 f"the final outputs agree, but {first.name!r} and later tensors diverge inside "
@@ -278,6 +281,11 @@ def to_result(
             )
     checks: tuple[TopKCheck, ...] = ()
     if screened is not None:
+        notes += [
+            f"output {c.tensor}: {c.insignificant}: not counted as a divergence"
+            for c in screened.comparisons.values()
+            if c.insignificant
+        ]
         checks = tuple(topk_checks(list(setup.topk), screened.ref_outputs, screened.target_outputs))
     return BisectResult(
         verdict=Outcome.DIVERGED if diagnosis.diverged else Outcome.MATCH,

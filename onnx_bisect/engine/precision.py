@@ -1,14 +1,13 @@
-"""The precision note: when a divergence is the target's reduced precision, not a bad kernel.
+"""What each side computes float32 work in, and what follows from a lower precision: the
+cause when a runtime lowered it unasked, and the note where no precision floors judged it.
 
-A target that computes float32 work in float16, bfloat16 or TF32 is expected to exceed fp32
-rounding. The spec usually says so (``?dtype=float16``, ``?tf32=1``, ``+fp16``, OpenVINO's
-``precision=``), and then even one culprit gets the note; otherwise many culprits at once
-(``widespread``) are the sign.
+A target that computes in float16, bfloat16 or TF32 is expected to exceed fp32 rounding.
+``side_precision`` reads it from the most explicit word (``--target-precision``, a transform,
+a float16 model file, what the backend says: ``Backend.computes_in``), not from spec text.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -33,7 +32,6 @@ from onnx_bisect.text import fmt
 from onnx_bisect.transforms.registry import TransformRecord
 
 __all__ = [
-    "declared_precision",
     "fp32_spec",
     "precision_notes",
     "side_precision",
@@ -66,6 +64,7 @@ def unasked_precision_cause(session: Session, screened: Observed) -> RootCause:
         f"output is within the error {name} predicts (largest rel_l2 "
         f"{fmt(worst.metrics.get('rel_l2'))}, {name} floor {fmt(worst.precision_floor)}). "
         f"Workaround: {target_arg(spec)} ({verdict})",
+        workaround="" if spec.startswith("the ") else spec,
     )
 
 
@@ -134,21 +133,21 @@ def _model_precision(model: onnx.ModelProto) -> Precision | None:
     return None
 
 
-_ON = {"1", "true", "on"}
-_NAMES = {"float16": "float16", "bfloat16": "bfloat16", "f16": "float16", "bf16": "bfloat16"}
-
-
-def precision_notes(nodes: Sequence[NodeResult], target: BackendInfo) -> list[str]:
-    """The note for a diagnosis whose culprits a precision policy explains, if any."""
+def precision_notes(
+    nodes: Sequence[NodeResult], target: BackendInfo, precision: PrecisionInfo, *, floors: bool
+) -> list[str]:
+    """The note for a diagnosis whose culprits a precision policy likely explains, if any:
+    where no precision floors judged them (a fixed threshold, no torch), a declared lower
+    precision explains even one culprit, and many culprits at once suggest an undeclared one."""
     culprits = [n for n in nodes if n.verdict is Verdict.CULPRIT]
-    if not culprits:
+    if not culprits or floors:
         return []
-    declared = declared_precision(target)
     fp32 = fp32_spec(target.spec)
-    if declared is not None:
+    if precision.lowered:
         return [
-            f"the target computes in {declared}, so errors above fp32 rounding are expected "
-            f"from it; compare at fp32 (e.g. {fp32}) to test the kernels themselves"
+            f"the target computes in {precision.precision.value} ({precision.how}), so errors "
+            f"above fp32 rounding are expected from it; compare at fp32 (e.g. {fp32}) to test "
+            "the kernels themselves"
         ]
     ops = sorted({n.op_type for n in culprits})
     if len(culprits) < 5 or len(culprits) < 0.1 * sum(1 for n in nodes if n.isolated):
@@ -158,23 +157,6 @@ def precision_notes(nodes: Sequence[NodeResult], target: BackendInfo) -> list[st
         "usually the target computing at lower precision (bf16/fp16/TF32) rather than one bad "
         f"kernel; compare at fp32 (e.g. {fp32}) to test the kernels"
     ]
-
-
-def declared_precision(target: BackendInfo) -> str | None:
-    """The reduced precision the target's spec (or its description) asks for, else None."""
-    runtime, *transforms = target.spec.split("+")
-    if runtime.startswith(("exec:", "dump:")):
-        return None  # their query strings belong to the user's command
-    if any(t.strip().partition("=")[0] == "fp16" for t in transforms):
-        return "float16 (the +fp16 transform)"
-    query = dict(kv.partition("=")[::2] for kv in runtime.partition("?")[2].split("&") if kv)
-    if query.get("dtype", "").lower() in _NAMES:
-        return _NAMES[query["dtype"].lower()]
-    if query.get("tf32", "").lower() in _ON:
-        return "TF32"
-    # OpenVINO says what it picked (bf16 by default on CPUs with AMX/AVX512-BF16).
-    found = re.search(r"precision=(b?f16)\b", target.description, re.IGNORECASE)
-    return _NAMES[found.group(1).lower()] if found else None
 
 
 def fp32_spec(target_spec: str) -> str:
