@@ -124,6 +124,7 @@ def _agrees_within(result: onnx_bisect.BisectResult, precision: str) -> None:
         ("cpu+fp16", "float16"),
         ("torch:cpu?dtype=float16", "float16"),
         ("torch:cpu?dtype=bfloat16", "bfloat16"),
+        ("torch:cpu?round=tf32", "tf32"),
     ],
 )
 def test_a_declared_lower_precision_agrees_within_its_floors(
@@ -135,6 +136,9 @@ def test_a_declared_lower_precision_agrees_within_its_floors(
     assert result.target_precision.source == "declared"
     # Without floors the same run had many culprits: the floors are what explain them.
     assert any(n.verdict is Verdict.PRECISION for n in result.nodes)
+    # The first Conv, fed by the graph input (through a converter's Cast), is isolated too.
+    first = next(n for n in result.nodes if n.name == "conv1")
+    assert first.isolated is not None
 
 
 def test_a_faithful_exec_runtime_declared_with_target_precision_agrees(net: Path) -> None:
