@@ -109,13 +109,16 @@ def _bisect_one(
             session, lambda inlined: open_session(inlined, feeds, scratch, timer)
         )
         diagnosis = diagnose(session, screened)
+        found = diagnosis.found
+        # A setting to change (a precision the runtime chose) has no bug to bisect or file.
+        bug = diagnosis.diverged and not (found and found.cause and not found.cause.is_bug)
         passes = None
-        if diagnosis.diverged and diagnosis.screened is not None:
-            passes = bisect_passes(session, diagnosis.screened, diagnosis.found)
+        if bug and diagnosis.screened is not None:
+            passes = bisect_passes(session, diagnosis.screened, found)
         bundle = None
-        if opts.repro is not None and diagnosis.diverged and diagnosis.found is not None:
+        if opts.repro is not None and bug and found is not None:
             with timer.stage("repro"):
-                bundle = _repro(session, diagnosis.found, Path(opts.repro))
+                bundle = _repro(session, found, Path(opts.repro))
         result = to_result(session, diagnosis, bundle, passes)
     write_bundle_docs(result)
     return result

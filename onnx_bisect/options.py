@@ -17,6 +17,7 @@ import onnx
 
 from onnx_bisect.compare.criterion import NOISE_EPS, NOISE_K, Criterion
 from onnx_bisect.compare.metrics import METRICS
+from onnx_bisect.compare.precision import parse_precision
 from onnx_bisect.compare.topk import TopKSpec, parse_topk
 from onnx_bisect.errors import InputError
 from onnx_bisect.inputs.values import check_fills
@@ -40,6 +41,9 @@ DEFAULT_MAX_MEMORY = 4 << 30
 DEFAULT_SAMPLE = 8
 STRATEGIES = ("auto", "scan", "bisect")
 PASS_MODES = ("auto", "on", "off")
+# --threshold auto: an error whose max_abs is at most this × the tensor's peak |reference| is
+# not significant (8 fp32 ulps of the tensor's scale; a sigmoid tail off by 4e-7 near 1e-7).
+SIGNIFICANCE = 1e-6
 ModelLike = str | os.PathLike[str] | onnx.ModelProto
 
 # What a fixed threshold can be, per metric; the others are distances, where below 0 every
@@ -78,6 +82,9 @@ class BisectOptions:
     timeout: float | None = None
     repro: str | os.PathLike[str] | None = None
     target_model: ModelLike | None = None
+    # What the target computes float32 work in, when nothing else says (an exec: runtime):
+    # float16, bfloat16, tf32 or float32. Its precision floors then judge it.
+    target_precision: str | None = None
     topk: Sequence[str | TopKSpec] = ()
     unroll_max: int = 64
     # After a divergence: which optimizer passes of the target cause it (auto: divergences
@@ -113,6 +120,11 @@ class BisectOptions:
         self.topk_specs()
         _whole("unroll_max", self.unroll_max, low=0)
         _choice("bisect_passes", self.bisect_passes, PASS_MODES)
+        if self.target_precision is not None:
+            try:
+                parse_precision(self.target_precision)
+            except ValueError as exc:
+                raise InputError(f"target_precision: {exc}", option="target_precision") from None
         self._check_dataset()
         self._check_together()
 
@@ -234,7 +246,12 @@ class BisectOptions:
         """``--threshold auto``'s criterion: rel_l2 above ``--noise-k`` × each tensor's noise
         floor (``noise``) + ``--noise-eps``."""
         return replace(
-            self.criterion(), noise=noise, truth=truth, k=self.noise_k, eps=self.noise_eps
+            self.criterion(),
+            noise=noise,
+            truth=truth,
+            k=self.noise_k,
+            eps=self.noise_eps,
+            significance=SIGNIFICANCE,
         )
 
     def topk_specs(self) -> tuple[TopKSpec, ...]:

@@ -10,8 +10,6 @@ notebook, and the terminal prints the same lines, styled, above its table.
 from __future__ import annotations
 
 import math
-import re
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -21,10 +19,12 @@ import numpy.typing as npt
 from rich.text import Text
 
 from onnx_bisect.compare.criterion import Comparison, Criterion
+from onnx_bisect.compare.precision import FLOAT32_DEFAULT, PrecisionInfo
 from onnx_bisect.compare.topk import TopKCheck
 from onnx_bisect.dataset_result import DatasetSummary
 from onnx_bisect.graph.match import Matching
 from onnx_bisect.graph.view import NodeInfo, NotProbed
+from onnx_bisect.pass_result import PassBisection, PassOutcome, PassScope, target_arg
 from onnx_bisect.text import fmt, plural
 from onnx_bisect.transforms.registry import TransformRecord
 
@@ -99,12 +99,17 @@ class CauseKind(StrEnum):
     """``culprit``: one node is wrong by itself; ``reference``: the node's reference value is
     the one off (the target agrees with float64); ``parameter``: the target holds a different
     value of a constant or weight (a transform or a precision policy rounded it) and no node
-    computes wrongly; ``pattern``: only a window of connected nodes reproduces it; ``crash``:
+    computes wrongly; ``range``: one node's values are ones its precision could hold but
+    came back 0, ±Inf or NaN (a flush or an overflow); ``precision``: every node is within the
+    error its lower precision predicts, and the runtime chose that precision unasked;
+    ``pattern``: only a window of connected nodes reproduces it; ``crash``:
     the target dies when the node is present; ``unsupported``: the target cannot run the node
     (a missing kernel or conversion); ``error``: the target reports another error whenever the
     node is present; ``none``: none of these could be shown."""
 
     CULPRIT = "culprit"
+    RANGE = "range"
+    PRECISION = "precision"
     REFERENCE = "reference"
     PARAMETER = "parameter"
     PATTERN = "pattern"
@@ -118,10 +123,14 @@ class Verdict(StrEnum):
     """``reference-off``: fed the same inputs, the target agrees with float64 and the reference
     does not; ``parameter``: a constant (a Constant node, or arithmetic on initializers alone)
     whose value differs, never a culprit; ``not-comparable``: a constant whose two values
-    cannot be compared (shape () against (0,), folded away by the runtime)."""
+    cannot be compared (shape () against (0,), folded away by the runtime); ``range``: fed the
+    reference's inputs, values its precision holds come back 0, ±Inf or NaN; ``precision``:
+    beyond fp32 noise, within the error the target's lower precision predicts."""
 
     OK = "ok"
     CULPRIT = "culprit"
+    RANGE = "range"
+    PRECISION = "precision"
     REFERENCE_OFF = "reference-off"
     PARAMETER = "parameter"
     NOT_COMPARABLE = "not-comparable"
@@ -227,6 +236,14 @@ class RootCause:
     reason: str
     # The target's own words where it crashed or failed, whole: that is what gets filed.
     message: str = ""
+    # A spec that avoids it (a runtime's lowered precision: its fp32 setting), run and shown.
+    workaround: str = ""
+
+    @property
+    def is_bug(self) -> bool:
+        """Whether a runtime's maintainer has something to fix: a precision the runtime
+        chose is a setting to change, not a bug to report or a pass to bisect."""
+        return self.kind is not CauseKind.PRECISION
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -234,6 +251,7 @@ class RootCause:
             "nodes": list(self.nodes),
             "reason": self.reason,
             "message": self.message,
+            "workaround": self.workaround or None,
         }
 
 
@@ -268,120 +286,6 @@ class BackendInfo:
     versions: Mapping[str, str] = field(default_factory=dict)
 
 
-_MAX_REWRITTEN = 12  # node names a summary lists; the rest are counted
-# A workaround spec longer than this has its longest pass list shortened in the summary (a
-# transform's default list less one pass is ~1,000 characters); report.md has it whole.
-_LONG_SPEC = 160
-_PASS_LIST = re.compile(r"(?<=[=,])[\w.-]+(?:,[\w.-]+){5,}")
-
-
-class PassOutcome(StrEnum):
-    GUILTY = "guilty"  # these passes, enabled alone, make the target diverge
-    NOT_OPTIMIZER = "not_optimizer"  # it diverges with every optimization off too
-    NO_PASSES = "no_passes"  # the runtime named no pass that rewrites this model
-    FAILED = "failed"  # the passes could not be listed
-
-
-class PassScope(StrEnum):
-    SUBGRAPH = "subgraph"  # the subgraph around the root cause, fed the reference's values
-    MODEL = "model"  # the whole model
-
-
-@dataclass(frozen=True)
-class PassBisection:
-    """Which optimizer passes of the target make it diverge, and how to turn them off."""
-
-    outcome: PassOutcome
-    target: str  # the spec whose passes were bisected
-    passes: tuple[str, ...] = ()  # the passes that rewrite this model, in applied order
-    guilty: tuple[str, ...] = ()
-    runs: int = 0  # target runs to name them, the optimizations-off check included
-    workaround: str = ""  # the spec with the guilty passes off
-    workaround_forms: tuple[tuple[str, str], ...] = ()  # (where, text): Python, C/C++, ...
-    workaround_verified: bool = False  # the workaround spec agrees on the whole model
-    rewritten: tuple[str, ...] = ()  # the model's nodes the guilty passes replace
-    reason: str = ""
-    # What torch's compiler bisector adds: (what, text) for backend, subsystem, config,
-    # application and debug info; () for other targets.
-    details: tuple[tuple[str, str], ...] = ()
-    scope: PassScope = PassScope.MODEL  # what the passes were searched on
-    scope_nodes: int = 0  # the nodes of that model
-    scope_note: str = ""  # why the whole model, where a subgraph was not used
-    # A guilty pass made of rules that switch off one by one (ONNX Runtime's rule-based
-    # transformers): its name, and those of its rules that change this model's graph.
-    parts_of: str = ""
-    parts: tuple[str, ...] = ()
-
-    def where(self) -> str:
-        """What the passes were searched on, in words."""
-        if self.scope is PassScope.SUBGRAPH:
-            return f"on the {self.scope_nodes}-node subgraph around the root cause"
-        size = f" ({plural(self.scope_nodes, 'node')})" if self.scope_nodes else ""
-        note = f": {self.scope_note}" if self.scope_note else ""
-        return f"on the whole model{size}{note}"
-
-    def summary(self) -> str:
-        """One paragraph: which passes, in how many runs, and the workaround's spec."""
-        if self.outcome is not PassOutcome.GUILTY:
-            return self.reason
-        state = (
-            "verified: it agrees with the reference"
-            if self.workaround_verified
-            else "NOT verified: it still diverges"
-        )
-        spec = self.workaround
-        if len(spec) > _LONG_SPEC:
-            spec = _PASS_LIST.sub(_shortened, spec)
-            if spec != self.workaround:
-                state += "; shortened here, whole in report.md and report.json"
-        text = (
-            f"{' + '.join(self.guilty)} ({plural(self.runs, 'run')} of the target to name, "
-            f"{self.where()}; {self.reason}). Workaround: {target_arg(spec)} ({state})"
-        )
-        if self.rewritten:
-            shown = self.rewritten[:_MAX_REWRITTEN]
-            more = len(self.rewritten) - len(shown)
-            text += f". It rewrote {', '.join(shown)}" + (f" and {more} more" if more else "")
-        if self.details:
-            text += ". " + "; ".join(f"{what}: {value}" for what, value in self.details)
-        return text
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "outcome": self.outcome.value,
-            "target": self.target,
-            "passes": list(self.passes),
-            "guilty": list(self.guilty),
-            "runs": self.runs,
-            "scope": self.scope.value,
-            "scope_nodes": self.scope_nodes,
-            "scope_note": self.scope_note,
-            "parts_of": self.parts_of or None,
-            "parts": list(self.parts),
-            "workaround": {
-                "spec": self.workaround,
-                **{where: text for where, text in self.workaround_forms},
-                "verified": self.workaround_verified,
-            }
-            if self.workaround
-            else None,
-            "rewritten": list(self.rewritten),
-            "reason": self.reason,
-            "details": dict(self.details),
-        }
-
-
-def target_arg(spec: str) -> str:
-    """``--target 'SPEC'`` for a POSIX shell, quoted the shell's way where the spec holds a
-    quote of its own (an ``exec:`` command line)."""
-    return f"--target {shlex.quote(spec)}" if "'" in spec else f"--target '{spec}'"
-
-
-def _shortened(match: re.Match[str]) -> str:
-    names = match.group(0).split(",")
-    return f"{names[0]},{names[1]},…{len(names) - 3} more…,{names[-1]}"
-
-
 @dataclass(frozen=True)
 class BisectResult:
     verdict: Outcome
@@ -409,6 +313,9 @@ class BisectResult:
     transforms: tuple[TransformRecord, ...] = ()  # +NAME suffixes applied to either model
     task_checks: tuple[TopKCheck, ...] = ()  # per output, when asked for
     pass_bisection: PassBisection | None = None  # when the target has passes to switch off
+    # What each side computes float32 work in, and where that is known from.
+    ref_precision: PrecisionInfo = FLOAT32_DEFAULT
+    target_precision: PrecisionInfo = FLOAT32_DEFAULT
     # Dataset mode: every input screened, the sample's per-node statistics; the rest of the
     # result is the diagnosis of the worst input.
     dataset: DatasetSummary | None = None
@@ -421,10 +328,17 @@ class BisectResult:
         return [n for n in self.nodes if n.verdict is Verdict.CULPRIT]
 
     def top(self, k: int = 10) -> list[NodeResult]:
-        """The k nodes with the largest accumulated error, worst first."""
+        """The k nodes with the largest accumulated error, worst first; against a lower
+        precision, the nodes its precision explains come after the rest, so that the node
+        that is wrong is not hidden among hundreds of rounded ones (a diverged tensor is one
+        beyond its precision floor)."""
         scored = [n for n in self.nodes if n.accumulated is not None]
         crit = self.criterion
-        return sorted(scored, key=lambda n: crit.badness(n.accumulated), reverse=True)[:k]  # type: ignore[arg-type]
+
+        def rank(n: NodeResult) -> tuple[bool, float]:
+            return n.diverged, crit.badness(n.accumulated)  # type: ignore[arg-type]
+
+        return sorted(scored, key=rank, reverse=True)[:k]
 
     def __repr__(self) -> str:
         """``<BisectResult diverged: first /a/Conv, culprit /a/Conv; 192 nodes>``: the
@@ -475,21 +389,55 @@ def _summary_lines(r: BisectResult) -> list[Text]:
         for c in r.task_checks
     ]
     dataset = [Text.assemble(("Dataset", "bold"), f": {line}") for line in _dataset_lines(r)]
+    precision = _precision_lines(r)
     if not r.diverged:
         total = r.timings.get("total", 0.0)
-        passing = f": {_passing(len(r.outputs))}: {r.criterion.agreement()} ({total:.2f}s)"
+        agrees = within_precision(r) or f"{_passing(len(r.outputs))}: {r.criterion.agreement()}"
+        passing = f": {agrees} ({total:.2f}s)"
         lines = [Text.assemble(("No divergence", "green"), ": ", head, passing), *dataset]
-        lines += checks
+        lines += precision + checks
         return lines + _finding_lines(r) if r.nodes else lines
-    lines = [Text.assemble(("Diverged", "bold red"), ": ", head), *dataset]
+    lines = [Text.assemble(("Diverged", "bold red"), ": ", head), *precision, *dataset]
     for c in r.outputs:
         if c.diverged:
             rel, mx = c.shown("rel_l2"), c.shown("max_abs")
+            why = f" ({c.range_problem})" if c.range_problem else ""
             lines.append(
                 Text.assemble("  output ", (c.tensor, "bold"), f": {c.status.value}, ")
-                + Text(f"rel_l2={rel} max_abs={mx}")
+                + Text(f"rel_l2={rel} max_abs={mx}{why}")
             )
     return lines + checks + _finding_lines(r)
+
+
+def within_precision(r: BisectResult) -> str:
+    """``agrees within float16 precision: 234 nodes, largest output error 4.4e-4, float16
+    predicts ≤ 6e-4``, where a lower precision's floors judged the outputs; else ""."""
+    lowered = [c for c in r.outputs if c.within_precision]
+    if not lowered or r.criterion.floors is None:
+        return ""
+    name = r.criterion.floors.precision.value
+    worst = max(lowered, key=lambda c: c.metrics.get("rel_l2", 0.0))
+    bound = r.criterion.k * (worst.precision_floor or 0.0) + r.criterion.eps
+    judged = sum(1 for n in r.nodes if n.verdict.value in ("ok", "precision"))
+    nodes = f"{plural(judged, 'node')}, " if judged else ""
+    return (
+        f"agrees within {name} precision: {nodes}largest output error "
+        f"{fmt(worst.metrics.get('rel_l2'))}, {name} predicts ≤ {fmt(bound)}"
+    )
+
+
+def precision_phrase(r: BisectResult) -> str:
+    """What each side computes in, where either is known from more than the model's types;
+    else ""."""
+    tp, rp = r.target_precision, r.ref_precision
+    if tp.source == "default" and rp.source == "default":
+        return ""
+    return f"the target computes in {tp.describe()}; the reference in {rp.describe()}"
+
+
+def _precision_lines(r: BisectResult) -> list[Text]:
+    said = precision_phrase(r)
+    return [Text.assemble(("Precision", "bold"), f": {said}")] if said else []
 
 
 def _dataset_lines(r: BisectResult) -> list[str]:
@@ -520,10 +468,11 @@ def _finding_lines(r: BisectResult) -> list[Text]:
     rc = r.root_cause
     if rc is not None:
         below = "" if r.diverged else ", below the output threshold"
-        names = ", ".join(rc.nodes) or "—"
+        names = Text.assemble((", ".join(rc.nodes), "cyan"), " — ") if rc.nodes else Text()
         lines.append(
             Text.assemble(("Root cause", "bold"), " (", (str(rc.kind), "red"), f"{below}): ")
-            + Text.assemble((names, "cyan"), f" — {rc.reason}")
+            + names
+            + Text(rc.reason)
         )
         if rc.message:
             lines.append(Text.assemble(("The target said", "bold"), ":"))

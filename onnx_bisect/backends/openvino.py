@@ -19,6 +19,7 @@ import onnx
 
 from onnx_bisect.backends.protocol import BackendBase, Tensors
 from onnx_bisect.backends.spec import BackendSpec
+from onnx_bisect.compare.precision import PrecisionInfo, parse_precision
 from onnx_bisect.errors import BackendUnavailableError, SpecError
 from onnx_bisect.graph.save import save_model
 from onnx_bisect.graph.sizes import model_bytes
@@ -105,6 +106,14 @@ class OpenVinoBackend(BackendBase):
             if i < len(names) and names[i] not in out:
                 out[names[i]] = value
         return out
+
+    def computes_in(self) -> PrecisionInfo | None:
+        if self.precision is not None:
+            how = f"precision={self.precision} in {self.spec.text}"
+            return PrecisionInfo(parse_precision(self.precision), "declared", how, True)
+        picked = default_precision(self.device)
+        how = f"OpenVINO's {self.device} default INFERENCE_PRECISION_HINT={picked}"
+        return PrecisionInfo(parse_precision(picked), "observed", how, False)
 
     def describe(self) -> str:
         precision = self.precision or default_precision(self.device)

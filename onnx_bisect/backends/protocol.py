@@ -13,9 +13,19 @@ import numpy.typing as npt
 import onnx
 
 from onnx_bisect.backends.spec import BackendSpec
+from onnx_bisect.compare.precision import PrecisionInfo
 from onnx_bisect.errors import BackendError, OnnxBisectError
 
-__all__ = ["Backend", "BackendBase", "Capabilities", "Emit", "Tensors", "one_line", "streams"]
+__all__ = [
+    "Backend",
+    "BackendBase",
+    "Capabilities",
+    "Emit",
+    "Tensors",
+    "computes_in",
+    "one_line",
+    "streams",
+]
 
 
 Tensors = dict[str, npt.NDArray[Any]]
@@ -130,6 +140,12 @@ class BackendBase:
     def versions(self) -> dict[str, str]:
         return {}
 
+    def computes_in(self) -> PrecisionInfo | None:
+        """What this runtime computes float32 work in, where it knows (a ``dtype=`` it was
+        given, the precision it picked); None where it says nothing (taken as the model's
+        own types)."""
+        return None
+
     def recorded_inputs(self) -> Tensors | None:
         return None
 
@@ -146,6 +162,11 @@ class BackendBase:
         with self._notes_lock:
             if not (once and text in self._notes):
                 self._notes[text] += count
+
+
+def computes_in(backend: Backend) -> PrecisionInfo | None:
+    """What ``backend`` says it computes in (``BackendBase.computes_in``), else None."""
+    return backend.computes_in() if isinstance(backend, BackendBase) else None
 
 
 def streams(backend: Backend) -> TypeGuard[BackendBase]:

@@ -52,6 +52,7 @@ __all__ = [
     "StrategyOpt",
     "THRESHOLD_TEXT",
     "TargetModelOpt",
+    "TargetPrecisionOpt",
     "TargetOpt",
     "ThresholdOpt",
     "TimeoutOpt",
@@ -94,6 +95,7 @@ FLAGS = {
     "isolate_crashes": "--isolate-crashes",
     "timeout": "--timeout",
     "target_model": "--target-model",
+    "target_precision": "--target-precision",
     "topk": "--topk",
     "unroll_max": "--unroll-max",
     "bisect_passes": "--bisect-passes",
@@ -246,6 +248,14 @@ TargetModelOpt = Annotated[
     Path | None,
     typer.Option(
         metavar="MODEL", help="Run this other model on the target (e.g. an optimized copy)."
+    ),
+]
+TargetPrecisionOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="float16|bfloat16|tf32|float32",
+        help="What the target computes float32 work in, where its spec does not say (an "
+        "exec: runtime): it is then judged against the error that precision predicts.",
     ),
 ]
 InputOpt = Annotated[

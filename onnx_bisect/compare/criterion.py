@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from onnx_bisect.compare.metrics import METRICS
+from onnx_bisect.compare.precision import PrecisionFloors
 from onnx_bisect.text import fmt
 
 __all__ = ["Comparison", "Criterion", "NOISE_EPS", "NOISE_K", "Status"]
@@ -50,6 +51,14 @@ class Criterion:
     # Without float64 values: below this max_abs × max(1, peak |reference|), no divergence
     # (outputs driven to ~1e-5 by random inputs otherwise flag last-ulp noise as rel error).
     abs_floor: float = 0.0
+    # A lower-precision target: each tensor's precision floor (``isolating``: the isolated
+    # one, for nodes fed the reference's values); rel_l2 within k × floor + eps is what the
+    # precision predicts, not a divergence.
+    floors: PrecisionFloors | None = field(default=None, compare=False)
+    isolating: bool = False
+    # --threshold auto: an error whose max_abs is at most this × the tensor's own peak
+    # |reference| is not significant (a sigmoid tail off by 4e-7 on a probability map).
+    significance: float = 0.0
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
@@ -71,7 +80,8 @@ class Criterion:
         def renamed_truth(tensor: str) -> tuple[Array, float] | None:
             return truth(pairs[tensor]) if truth is not None and tensor in pairs else None
 
-        return replace(self, noise=renamed_noise, truth=renamed_truth)
+        floors = self.floors.renamed(pairs) if self.floors is not None else None
+        return replace(self, noise=renamed_noise, truth=renamed_truth, floors=floors)
 
     @property
     def auto(self) -> bool:
@@ -85,6 +95,18 @@ class Criterion:
         if floor is None:
             return self.threshold, None
         return self.k * floor + self.eps, floor
+
+    def precision_limit(self, tensor: str) -> tuple[float, float] | None:
+        """The bound a lower precision's floor gives ``tensor`` (k × floor + eps), and the
+        floor; None without one."""
+        if self.floors is None:
+            return None
+        floor = self.floors.floor(tensor, isolating=self.isolating)
+        return None if floor is None else (self.k * floor + self.eps, floor)
+
+    def for_isolation(self) -> Criterion:
+        """The criterion for nodes fed the reference's values: isolated precision floors."""
+        return self if self.floors is None else replace(self, isolating=True)
 
     @property
     def allclose(self) -> bool:
@@ -175,6 +197,16 @@ class Comparison:
     reason: str = ""
     threshold: float | None = None  # what the deciding number was held against
     noise: float | None = None  # the fp32 noise floor behind an automatic threshold
+    # A lower-precision target: the error its precision predicts here, and whether the error
+    # is beyond fp32 noise but within k × that floor + eps (``within_precision``).
+    precision_floor: float | None = None
+    within_precision: bool = False
+    # What the values show that the precision cannot explain (flush to 0, ±Inf, NaN, pinned
+    # at the largest value), "" for nothing.
+    range_problem: str = ""
+    # Beyond the threshold but with max_abs at most ``Criterion.significance`` × the peak
+    # |reference|: said in a note, not counted.
+    insignificant: str = ""
     reference_off: bool = False  # the target agrees with float64 and the reference does not
 
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ import numpy.typing as npt
 
 from onnx_bisect.compare.criterion import Comparison, Criterion, Status
 from onnx_bisect.compare.metrics import METRICS, MetricSums, blocks, norm_ratio
+from onnx_bisect.compare.precision import range_problem
 from onnx_bisect.text import plural
 
 __all__ = ["REFERENCE_ABS_FLOOR", "compare_tensors"]
@@ -68,9 +70,12 @@ def compare_tensors(
     if _kind(ref) != _kind(target):
         return mismatch(Status.DTYPE, f"dtype {target.dtype} != reference {ref.dtype}")
     limit, noise = crit.threshold_for(name, ref)
+    lowered = _Lowered()
     if _kind(ref) == "float":
         judged = _judge_float(ref.ravel(), target.ravel(), crit, limit)
         status, metrics, misplaced, reason, finite = judged
+        if crit.floors is not None:
+            status, reason, lowered = _precision(name, ref, target, crit, judged)
         off = ""
         if crit.truth is not None:
             # With every value finite, the reference's rel_l2 against float64 is its noise
@@ -98,7 +103,41 @@ def compare_tensors(
         threshold=None if crit.allclose else limit,
         noise=noise,
         reference_off=bool(off),
+        precision_floor=lowered.floor,
+        within_precision=lowered.within,
+        range_problem=lowered.problem,
+        insignificant=reason if status is Status.OK and reason else "",
     )
+
+
+@dataclass(frozen=True)
+class _Lowered:
+    floor: float | None = None
+    within: bool = False
+    problem: str = ""
+
+
+def _precision(
+    name: str,
+    ref: Array,
+    target: Array,
+    crit: Criterion,
+    judged: tuple[Status, dict[str, float], _Misplaced, str, bool],
+) -> tuple[Status, str, _Lowered]:
+    """A lower-precision target's judgement: values the precision cannot hold (a range
+    problem) diverge whatever the error; an error within k × the precision floor + eps is
+    what the precision predicts."""
+    status, metrics, _, reason, _ = judged
+    assert crit.floors is not None
+    problem = range_problem(ref, target, crit.floors.precision)
+    bound = crit.precision_limit(name)
+    floor = bound[1] if bound else None
+    if problem:
+        status = Status.NONFINITE if status is Status.NONFINITE else Status.DIVERGED
+        return status, problem, _Lowered(floor, False, problem)
+    if status is Status.DIVERGED and bound is not None and metrics["rel_l2"] <= bound[0]:
+        return Status.OK, "", _Lowered(floor, True)
+    return status, reason, _Lowered(floor)
 
 
 _Judged = tuple[Status, dict[str, float], int, str]
@@ -166,7 +205,15 @@ def _judge_float(
     score = metrics[crit.key]
     finite = sums.n == ref.size
     if crit.exceeds(score, limit) and not _below_abs_floor(sums, crit):
-        return Status.DIVERGED, metrics, misplaced, _exceeded(crit, score, limit, sums), finite
+        exceeded = _exceeded(crit, score, limit, sums)
+        if crit.significance and sums.max_ad <= crit.significance * sums.ref_peak:
+            # Said (the reason of an OK comparison), not counted: see ``insignificant``.
+            why = (
+                f"{exceeded}, but max_abs={sums.max_ad:.3g} is at most "
+                f"{crit.significance:g} × its peak |value| {sums.ref_peak:.3g}"
+            )
+            return Status.OK, metrics, misplaced, why, finite
+        return Status.DIVERGED, metrics, misplaced, exceeded, finite
     return Status.OK, metrics, misplaced, "", finite
 
 

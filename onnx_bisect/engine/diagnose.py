@@ -20,12 +20,18 @@ from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.backends.spec import BackendSpec, parse_spec
 from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.compare.noise import NoiseFloor
+from onnx_bisect.compare.precision import PrecisionFloors
 from onnx_bisect.compare.topk import TopKCheck, TopKSpec, topk_checks
 from onnx_bisect.engine.found import Found
 from onnx_bisect.engine.measure.memory import plan_memory
 from onnx_bisect.engine.measure.observe import Observed, screen
 from onnx_bisect.engine.oracle.float64 import Float64Run, measure_float64
-from onnx_bisect.engine.precision import precision_notes
+from onnx_bisect.engine.precision import (
+    precision_notes,
+    side_precision,
+    unasked_precision,
+    unasked_precision_cause,
+)
 from onnx_bisect.engine.recorded import run_feeds
 from onnx_bisect.engine.search.failure import failure_search
 from onnx_bisect.engine.session import Feeds, Session, Setup, StageTimer
@@ -114,6 +120,13 @@ def prepare(
         versions=environment(ref_b, tgt_b),
         target_from_spec=isinstance(target, str | BackendSpec),
         notes=(*loaded.notes, *(r.summary() for r in records)),
+        ref_precision=side_precision(ref_b, transforms=[r for r in records if r.role == "ref"]),
+        target_precision=side_precision(
+            tgt_b,
+            flag=options.target_precision,
+            transforms=[r for r in records if r.role == "target"],
+            model=other if options.target_model is not None else None,
+        ),
     )
     return setup, feeds
 
@@ -172,7 +185,19 @@ def _auto_criterion(
     if float64 is None:
         return replace(crit, abs_floor=FALLBACK_ABS_FLOOR)
     floors = NoiseFloor(float64.values, float64.oracle_noise)
-    return session.options.noise_criterion(floors, floors.truth)
+    crit = session.options.noise_criterion(floors, floors.truth)
+    target = session.setup.target_precision
+    if target.lowered and float64.precision_isolated:
+        lowered = PrecisionFloors(
+            target.precision, float64.precision_noise, float64.precision_isolated
+        )
+        crit = replace(crit, floors=lowered)
+    elif target.lowered:
+        session.notes.append(
+            f"the target computes in {target.describe()}, but no {target.precision.value} "
+            "precision floors were measured (they need torch): it is judged against fp32 noise"
+        )
+    return crit
 
 
 def _float64_or_none(
@@ -216,14 +241,20 @@ def diagnose(session: Session, screened: Screened | None = None) -> Diagnosis:
     if isinstance(screened, BackendError):
         log.info("the target failed on the whole model; searching for the node")
         return Diagnosis(None, failure_search(session, screened), diverged=True)
-    if not screened.diverged and not scans_anyway:
+    # A runtime that lowered the precision on its own is a finding even where every output
+    # is within what that precision predicts: the user did not ask for it.
+    unasked = not screened.diverged and unasked_precision(session, screened)
+    diverged = screened.diverged or unasked
+    if not diverged and not scans_anyway:
         log.info("the final outputs agree; nothing more to run")
         return Diagnosis(screened, None, diverged=False)
     strategy = choose(session)
-    outputs = "diverge" if screened.diverged else "agree"
+    outputs = "diverge" if diverged else "agree"
     log.info("the final outputs %s; the %s strategy runs", outputs, strategy)
     found = STRATEGIES[strategy](session, screened)
-    return Diagnosis(screened, found, screened.diverged)
+    if unasked:
+        found = replace(found, cause=unasked_precision_cause(session, screened))
+    return Diagnosis(screened, found, diverged)
 
 
 def to_result(
@@ -239,7 +270,10 @@ def to_result(
     notes += [n for b in (setup.ref, setup.target) if isinstance(b, BackendBase) for n in b.notes()]
     first = found.first if found else None
     if found is not None:
-        notes += precision_notes(found.nodes, setup.target_info)
+        floors = session.crit.floors is not None
+        notes += precision_notes(
+            found.nodes, setup.target_info, setup.target_precision, floors=floors
+        )
         if not diagnosis.diverged and first is not None:
             notes.append(
                 f"the final outputs agree, but {first.name!r} and later tensors diverge inside "
@@ -247,6 +281,11 @@ def to_result(
             )
     checks: tuple[TopKCheck, ...] = ()
     if screened is not None:
+        notes += [
+            f"output {c.tensor}: {c.insignificant}: not counted as a divergence"
+            for c in screened.comparisons.values()
+            if c.insignificant
+        ]
         checks = tuple(topk_checks(list(setup.topk), screened.ref_outputs, screened.target_outputs))
     return BisectResult(
         verdict=Outcome.DIVERGED if diagnosis.diverged else Outcome.MATCH,
@@ -278,6 +317,8 @@ def to_result(
         transforms=setup.transforms,
         task_checks=tuple(checks),
         pass_bisection=passes,
+        ref_precision=setup.ref_precision,
+        target_precision=setup.target_precision,
     )
 
 

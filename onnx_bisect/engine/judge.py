@@ -6,10 +6,12 @@ surgery comes from ``model``, running from ``run``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from onnx_bisect.compare.criterion import Comparison, Criterion, Status
+from onnx_bisect.compare.precision import DATA_MOVEMENT, format_of
 from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.engine.measure.isolate import IsolationFailure
 from onnx_bisect.engine.measure.observe import Observed
@@ -57,21 +59,48 @@ def judge(
             note = f"target could not run this node alone: {iso_entry.message}"
         else:
             iso = _worst(list(iso_entry.values()), crit) if iso_entry else None
-            if iso is not None and iso.diverged:
-                verdict = Verdict.REFERENCE_OFF if iso.reference_off else Verdict.CULPRIT
-            elif acc is not None and acc.diverged:
-                verdict = Verdict.PROPAGATED
-            elif acc is None and iso is None:
-                verdict = Verdict.NOT_PROBED
-            else:
-                verdict = Verdict.OK
+            verdict = _verdict(n, acc, iso, crit)
         # Where an error starts, output ÷ input error only measures the inputs' rounding.
-        starts = verdict in (Verdict.CULPRIT, Verdict.REFERENCE_OFF)
+        starts = verdict in _STARTS
         amplification = None if starts else _amplification(n, acc, accumulated)
         results.append(
             NodeResult.of(n, verdict, acc, isolated=iso, amplification=amplification, note=note)
         )
     return results
+
+
+# Verdicts of a node where an error starts.
+_STARTS = (Verdict.CULPRIT, Verdict.RANGE, Verdict.REFERENCE_OFF)
+
+
+def _verdict(
+    node: NodeInfo, acc: Comparison | None, iso: Comparison | None, crit: Criterion
+) -> Verdict:
+    """A computed node's verdict from its worst accumulated and isolated comparisons."""
+    if iso is not None and iso.diverged:
+        if iso.reference_off:
+            return Verdict.REFERENCE_OFF
+        if iso.range_problem:
+            return Verdict.RANGE
+        if not _moved_exactly(node, iso, crit):
+            return Verdict.CULPRIT
+    if acc is not None and acc.diverged:
+        return Verdict.PROPAGATED
+    if acc is None and iso is None:
+        return Verdict.NOT_PROBED
+    compared = [c for c in (acc, iso) if c is not None]
+    if crit.floors is not None and any(c.within_precision or c.diverged for c in compared):
+        return Verdict.PRECISION
+    return Verdict.OK
+
+
+def _moved_exactly(node: NodeInfo, iso: Comparison, crit: Criterion) -> bool:
+    """A data-movement node whose isolated error is no more than one rounding to the target's
+    precision: it carried its inputs' values, which the precision rounded once."""
+    if crit.floors is None or node.op_type not in DATA_MOVEMENT:
+        return False
+    unit = format_of(crit.floors.precision).unit
+    return iso.metrics.get("rel_l2", math.inf) <= unit * 1.01
 
 
 def _constant(node: NodeInfo, acc: Comparison | None) -> NodeResult:
@@ -130,6 +159,12 @@ def culprit_cause(node: NodeResult) -> RootCause:
             f"{node.op_type} {node.name!r}: fed the same inputs, the target agrees with float64 "
             f"and the reference does not ({why}); the reference backend is the side to fix",
         )
+    if node.verdict is Verdict.RANGE:
+        return RootCause(
+            CauseKind.RANGE,
+            (node.name,),
+            f"{node.op_type} {node.name!r}, fed the reference's inputs: {why}",
+        )
     return RootCause(
         CauseKind.CULPRIT,
         (node.name,),
@@ -147,8 +182,7 @@ def root_cause(
 
     ``own_constants``: the constant tensors isolation fed from the target's own model (two
     models): a culprit computed from a changed one is a changed parameter, not a kernel."""
-    starts = (Verdict.CULPRIT, Verdict.REFERENCE_OFF)
-    culprit = next((n for n in nodes if n.verdict in starts), None)
+    culprit = next((n for n in nodes if n.verdict in _STARTS), None)
     changed = [n for n in nodes if n.verdict is Verdict.PARAMETER]
     if culprit is not None and culprit.isolated is not None:
         read = _changed_ancestors(nodes, culprit, set(own_constants))

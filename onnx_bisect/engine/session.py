@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from onnx_bisect.backends.protocol import Backend
 from onnx_bisect.compare.criterion import Criterion
+from onnx_bisect.compare.precision import FLOAT32_DEFAULT, PrecisionInfo
 from onnx_bisect.compare.topk import TopKSpec
 from onnx_bisect.engine.measure.memory import MemoryPlan
 from onnx_bisect.engine.measure.runs import RunStats
@@ -55,6 +56,9 @@ class Setup:
     # A fresh process can rebuild the target from its spec (repro.py verification).
     target_from_spec: bool = True
     notes: tuple[str, ...] = ()
+    # What each side computes float32 work in, and where that is known from.
+    ref_precision: PrecisionInfo = FLOAT32_DEFAULT
+    target_precision: PrecisionInfo = FLOAT32_DEFAULT
 
 
 @dataclass

@@ -36,6 +36,7 @@ from onnx_bisect.engine.session import Session
 from onnx_bisect.graph.extract import with_outputs
 from onnx_bisect.graph.match import match_tensors
 from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
+from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.result import CauseKind, NodeResult, RootCause, SearchInfo, Verdict
 
 __all__ = ["STRATEGIES", "Strategy", "choose"]
@@ -95,6 +96,19 @@ def dump_strategy(session: Session, screened: Observed) -> Found:
     return Found("scan", tuple(nodes), first, cause, chain=chain, store=store)
 
 
+def _input_casts(model: LoadedModel) -> list[str]:
+    """Outputs of Casts that read graph inputs alone (a converter's ``keep_io_types`` Casts
+    into float16): the same input, re-typed. The reference backend computes them, so the
+    nodes they feed (the first Conv) are isolated like any other."""
+    inputs = set(model.inputs)
+    return [
+        out
+        for n in model.nodes
+        if n.op_type == "Cast" and n.inputs and set(n.inputs) <= inputs
+        for out in n.outputs
+    ]
+
+
 def two_model_strategy(session: Session, screened: Observed) -> Found:
     """Reference model against a different target model: tensors matched by name, the
     target model's nodes isolated on the reference's values where those exist."""
@@ -122,7 +136,7 @@ def two_model_strategy(session: Session, screened: Observed) -> Found:
     # The target model's own constant arithmetic (weights folded at run time) has no
     # counterpart; the reference backend computes it from the target model, so isolation
     # still feeds every node trusted values.
-    own = [t for t in other.constants if t not in view]
+    own = [t for t in [*other.constants, *_input_casts(other)] if t not in view]
     if own:
         values = timed_run(s.ref, with_outputs(other.model, own), s.feeds, "ref", s.stats)
         for name in own:

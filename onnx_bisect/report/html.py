@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING
 from onnx_bisect.report.format import chain_line, first_divergence_phrase, fmt_error, search_line
 from onnx_bisect.report.neighbourhood import MAX_NODES, neighbourhood, neighbourhood_svg
 from onnx_bisect.report.plots import PLOTS_HINT, curve_svg
-from onnx_bisect.result import nonfinite_origin, nonfinite_phrase
+from onnx_bisect.result import (
+    nonfinite_origin,
+    nonfinite_phrase,
+    precision_phrase,
+    within_precision,
+)
 from onnx_bisect.text import fmt, fmt_amp, plural
 
 if TYPE_CHECKING:
@@ -67,6 +72,9 @@ def _summary(r: BisectResult) -> list[str]:
     crit = r.criterion
     if r.diverged:
         state, said = ("diverged", "Diverged"), ("a tensor diverges where", crit.describe())
+    elif agrees := within_precision(r):
+        head, _, numbers = agrees.partition(": ")
+        state, said = ("match", "No divergence"), (escape(head) + ":", numbers)
     else:
         state, said = ("match", "No divergence"), ("every final output agrees:", crit.agreement())
     out = [
@@ -87,6 +95,8 @@ def _summary(r: BisectResult) -> list[str]:
             )
         out.append("</tbody></table>")
     facts: list[tuple[str, str]] = []
+    if precision := precision_phrase(r):
+        facts.append(("Precision", escape(precision)))
     if r.dataset is not None:
         lines = "<br>".join(escape(line) for line in r.dataset.lines())
         facts.append(("Dataset", f"<code>{escape(r.dataset.source)}</code>: {lines}"))
@@ -107,8 +117,8 @@ def _summary(r: BisectResult) -> list[str]:
         facts.append((appears, f"{_node(origin)}, {tensor}: {escape(where)}"))
     rc = r.root_cause
     if rc is not None:
-        names = ", ".join(f"<code>{escape(n)}</code>" for n in rc.nodes) or "—"
-        text = f"<b>{escape(rc.kind.value)}</b>: {names}. {escape(rc.reason)}"
+        names = ", ".join(f"<code>{escape(n)}</code>" for n in rc.nodes)
+        text = f"<b>{escape(rc.kind.value)}</b>: {f'{names}. ' if names else ''}{escape(rc.reason)}"
         if rc.message:
             text += f"<br>The target said:<pre>{escape(rc.message)}</pre>"
         facts.append(("Root cause", text))

@@ -20,7 +20,13 @@ from onnx_bisect.report.format import (
 )
 from onnx_bisect.report.mermaid import focus_node, mermaid_lines
 from onnx_bisect.report.passes import pass_markdown, workaround_step
-from onnx_bisect.result import nonfinite_origin, nonfinite_phrase
+from onnx_bisect.result import (
+    nonfinite_origin,
+    nonfinite_phrase,
+    precision_phrase,
+    target_arg,
+    within_precision,
+)
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
@@ -168,6 +174,9 @@ def next_steps(result: BisectResult) -> list[str]:
     pb = result.pass_bisection
     if pb is not None and pb.workaround:
         steps.append(workaround_step(pb))
+    rc = result.root_cause
+    if rc is not None and rc.workaround:
+        steps.append(f"Work around it: `{target_arg(rc.workaround)}` computes at fp32.")
     steps += [f"Work around it: {n}." for n in result.notes if "compare at fp32" in n]
     out = f"{Path(r.path).parent}" if r is not None else "OUT"
     steps.append(
@@ -178,11 +187,14 @@ def next_steps(result: BisectResult) -> list[str]:
 
 
 def _summary(result: BisectResult) -> list[str]:
+    said = precision_phrase(result)
+    precision = [f"- **Precision:** {said}."] if said else []
     if not result.diverged:
-        agree = result.criterion.agreement()
-        passing = f"**No divergence**: every final output agrees: {agree}."
-        return [passing, *_dataset_lines(result)]
-    out = ["**Diverged.**", "", *_dataset_lines(result)]
+        agree = within_precision(result) or (
+            f"every final output agrees: {result.criterion.agreement()}"
+        )
+        return [f"**No divergence**: {agree}.", *precision, *_dataset_lines(result)]
+    out = ["**Diverged.**", "", *precision, *_dataset_lines(result)]
     fd = result.first_divergence
     if fd is not None and fd.accumulated is not None:
         acc = fd.accumulated
@@ -202,8 +214,8 @@ def _summary(result: BisectResult) -> list[str]:
         out.append(f"- **{said}:** {node_label(origin)}, tensor `{origin.tensor}`: {where}.")
     rc = result.root_cause
     if rc is not None:
-        names = ", ".join(f"`{n}`" for n in rc.nodes) or "—"
-        out.append(f"- **Root cause ({rc.kind}):** {names}. {rc.reason}")
+        names = ", ".join(f"`{n}`" for n in rc.nodes)
+        out.append(f"- **Root cause ({rc.kind}):** {f'{names}. ' if names else ''}{rc.reason}")
         if rc.message:
             out += ["", "The target said:", "", *fenced(rc.message), ""]
     if chain_line(result):

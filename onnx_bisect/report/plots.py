@@ -32,6 +32,8 @@ class _Series:
     threshold: tuple[tuple[int, float], ...]  # only when rel_l2 is the deciding number
     noise: tuple[tuple[int, float], ...]
     marks: tuple[tuple[int, str, str], ...]  # index, label, colour
+    # A lower-precision target: the error its precision predicts (accumulated floor).
+    floor: tuple[tuple[int, float], ...] = ()
 
 
 def plots_available() -> bool:
@@ -106,7 +108,12 @@ def _series(result: BisectResult) -> _Series:
     for name in rc.nodes if rc is not None else ():
         if name in by_name:
             marks.append((by_name[name].index, f"root cause ({rc.kind})", "#7b1fa2"))  # type: ignore[union-attr]
-    return _Series(accumulated, isolated, threshold, noise, tuple(marks))
+    floor = tuple(
+        (n.index, float(n.accumulated.precision_floor))
+        for n in nodes
+        if n.accumulated is not None and n.accumulated.precision_floor is not None
+    )
+    return _Series(accumulated, isolated, threshold, noise, tuple(marks), floor)
 
 
 def _iso_rel_l2(n: NodeResult) -> float | None:
@@ -122,7 +129,7 @@ def _figure(result: BisectResult, s: _Series) -> Any:
     from matplotlib.figure import Figure
 
     finite = [e for _, e, _ in s.accumulated] + [e for _, e in s.isolated]
-    finite += [t for _, t in s.threshold] + [t for _, t in s.noise]
+    finite += [t for _, t in s.threshold] + [t for _, t in s.noise] + [f for _, f in s.floor]
     finite = [v for v in finite if v > 0 and math.isfinite(v)]
     top = max(finite, default=1.0) * 10
 
@@ -174,6 +181,16 @@ def _figure(result: BisectResult, s: _Series) -> Any:
             lw=0.8,
             ls=":",
             label="fp32 noise floor",
+        )
+    if s.floor and result.criterion.floors is not None:
+        ax.step(
+            [i for i, _ in s.floor],
+            [shown(f) for _, f in s.floor],
+            where="mid",
+            color="#2a7ab0",
+            lw=0.9,
+            ls="-.",
+            label=f"{result.criterion.floors.precision.value} precision floor",
         )
     seen: set[str] = set()
     for index, label, colour in s.marks:

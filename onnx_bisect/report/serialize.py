@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from onnx_bisect.compare.criterion import Comparison
+from onnx_bisect.compare.precision import PrecisionInfo
 from onnx_bisect.report.curve import error_curve
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ SCHEMA = "onnx-bisect/report/v1"
 NODE_COLUMNS = (
     "index", "node", "op_type", "tensor", "verdict", "accumulated", "isolated", "amplification",
     "acc_max_abs", "acc_rel_l2", "acc_cosine", "iso_max_abs", "iso_rel_l2", "threshold",
-    "noise", "status", "note",
+    "noise", "precision_floor", "iso_precision_floor", "status", "note",
 )  # fmt: skip
 
 # Dataset mode adds, per node, over the sampled inputs that measured it: how many, the share
@@ -80,6 +81,9 @@ def _comparison_dict(c: Comparison | None) -> dict[str, Any] | None:
         "nonfinite_mismatch": c.nonfinite_mismatch,
         "threshold": _num(c.threshold),
         "noise": _num(c.noise),
+        "precision_floor": _num(c.precision_floor),
+        "within_precision": c.within_precision,
+        "range_problem": c.range_problem or None,
         "reason": c.reason,
     }
 
@@ -154,6 +158,8 @@ def _single_rows(result: BisectResult) -> list[dict[str, Any]]:
                 "iso_rel_l2": iso.metrics.get("rel_l2", math.nan) if iso else math.nan,
                 "threshold": _opt(acc.threshold) if acc else math.nan,
                 "noise": _opt(acc.noise) if acc else math.nan,
+                "precision_floor": _opt(acc.precision_floor) if acc else math.nan,
+                "iso_precision_floor": _opt(iso.precision_floor) if iso else math.nan,
                 "status": acc.status.value if acc else "",
                 "note": n.note or (acc.reason if acc else ""),
             }
@@ -222,6 +228,11 @@ def _output_numbers(c: Comparison) -> dict[str, Any]:
     }
 
 
+def _precision_dict(p: PrecisionInfo) -> dict[str, Any]:
+    """What a side computes float32 work in, and where that is known from."""
+    return {"precision": p.precision.value, "source": p.source, "how": p.how, "asked": p.asked}
+
+
 def to_dict(result: BisectResult) -> dict[str, Any]:
     fd = result.first_divergence
     first = None
@@ -248,8 +259,16 @@ def to_dict(result: BisectResult) -> dict[str, Any]:
         "outputs": [_comparison_dict(c) for c in result.outputs],
         "nodes": [node_dict(n) for n in result.nodes],
         "not_probed": [vars(p) for p in result.not_probed],
-        "ref": {"spec": result.ref.spec, "description": result.ref.description},
-        "target": {"spec": result.target.spec, "description": result.target.description},
+        "ref": {
+            "spec": result.ref.spec,
+            "description": result.ref.description,
+            "precision": _precision_dict(result.ref_precision),
+        },
+        "target": {
+            "spec": result.target.spec,
+            "description": result.target.description,
+            "precision": _precision_dict(result.target_precision),
+        },
         "versions": dict(result.versions),
         "command": result.command,
         "runs": dict(result.runs),

@@ -22,6 +22,7 @@ from onnx_bisect.backends.torch.devices import (
     unavailable_without_torch,
 )
 from onnx_bisect.backends.torch.options import TorchOptions
+from onnx_bisect.compare.precision import Precision, PrecisionInfo
 from onnx_bisect.errors import BackendUnavailableError
 
 __all__ = ["TorchBackend"]
@@ -86,7 +87,13 @@ class TorchBackend(BackendBase):
         opsets = {_domain(i.domain): i.version for i in model.opset_import}
         if self._weights is None:
             self._weights = WeightCache()
-        return Program(model.graph, opsets, torch.device(o.device), policy, self._weights)
+        rounding = None
+        if o.round is not None:
+            from onnx_bisect.backends.torch.rounding import Rounding
+
+            policy, rounding = torch.float32, Rounding(o.round)
+        device = torch.device(o.device)
+        return Program(model.graph, opsets, device, policy, self._weights, rounding)
 
     def run_compiled(
         self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]], compiler: str | None
@@ -119,6 +126,20 @@ class TorchBackend(BackendBase):
                 arrays[name] = to_numpy(value)
             del value
         return arrays
+
+    def computes_in(self) -> PrecisionInfo | None:
+        o, spec = self.options, self.spec.text
+        if o.dtype in ("float16", "bfloat16"):
+            return PrecisionInfo(Precision(o.dtype), "declared", f"dtype={o.dtype} in {spec}", True)
+        if o.round is not None:
+            how = f"round={o.round} in {spec}"
+            return PrecisionInfo(Precision(o.round), "declared", how, True)
+        if o.tf32 and o.device.startswith("cuda"):
+            return PrecisionInfo(Precision.TF32, "declared", f"tf32=1 in {spec}", True)
+        if o.dtype in ("float32", "float64") or o.device.startswith("cuda"):
+            how = f"dtype={o.dtype}" if o.dtype else "tf32 off"
+            return PrecisionInfo(Precision.FLOAT32, "declared", f"{how} in {spec}", True)
+        return None
 
     def describe(self) -> str:
         import torch

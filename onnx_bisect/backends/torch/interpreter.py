@@ -20,10 +20,11 @@ from onnx import numpy_helper
 from onnx_bisect.backends.torch.context import OpContext, attributes, cpu_channels_last
 from onnx_bisect.backends.torch.ops import lookup
 from onnx_bisect.backends.torch.ops.registry import OpFn, UnsupportedOperator
+from onnx_bisect.backends.torch.rounding import Rounding
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.weights import tensor_array
 
-__all__ = ["Program", "WeightCache", "referenced_names"]
+__all__ = ["Observer", "Program", "WeightCache", "referenced_names"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ class _Step:
     attrs: dict[str, Any]
     ctx: OpContext
     reads: frozenset[str]  # referenced_names(node), computed once
+
+
+# Sees a step's index, its operands and its results (``Program.run``'s ``observe``).
+Observer = Callable[[int, Sequence["torch.Tensor | None"], Sequence["torch.Tensor | None"]], None]
 
 
 class Program:
@@ -48,8 +53,10 @@ class Program:
         device: torch.device,
         policy: torch.dtype | None,
         weights: WeightCache | None = None,
+        rounding: Rounding | None = None,
     ) -> None:
         self.graph, self.opsets, self.device, self.policy = graph, dict(opsets), device, policy
+        self.rounding = rounding
         self._weights = weights if weights is not None else WeightCache()
         self._subprograms: dict[int, Program] = {}
         self._scope: dict[str, torch.Tensor | None] = {}
@@ -91,13 +98,16 @@ class Program:
         outer: Mapping[str, torch.Tensor | None] | None = None,
         known: Mapping[str, torch.Tensor | None] | None = None,
         emit: Callable[[str, torch.Tensor | None], None] | None = None,
+        observe: Observer | None = None,
     ) -> dict[str, torch.Tensor | None]:
         """The ``wanted`` tensors (default: the graph's outputs) computed from ``feeds``.
 
         ``known`` holds values computed before (a compiled run's folded constants): a node
         whose outputs are all known is not run. With ``emit``, each wanted tensor goes to it
         as soon as it is computed and is then freed like any other (nothing is returned): a
-        run over every probe holds what is live, not what was asked for."""
+        run over every probe holds what is live, not what was asked for. ``observe`` sees each
+        step's index, operands and results as they are computed (the oracle's isolated
+        precision floors recompute each node from them)."""
         wanted = list(self.outputs if wanted is None else wanted)
         env: dict[str, torch.Tensor | None] = dict(outer or {})
         env.update(self.constants)
@@ -114,7 +124,14 @@ class Program:
                 if known and all(n in known for n in step.node.output if n):
                     continue
                 self._scope = env
-                results = _call(step, [env[n] if n else None for n in step.node.input])
+                operands = [env[n] if n else None for n in step.node.input]
+                if self.rounding is not None:
+                    operands = self.rounding.operands(step.node.op_type, operands)
+                results = _call(step, operands)
+                if self.rounding is not None:
+                    results = self.rounding.results(step.node.op_type, results)
+                if observe is not None:
+                    observe(i, operands, results)
                 for name, value in zip(step.node.output, results, strict=False):
                     if name:
                         env[name] = value
@@ -143,7 +160,9 @@ class Program:
     ) -> list[torch.Tensor | None]:
         program = self._subprograms.get(id(graph))
         if program is None:
-            program = Program(graph, self.opsets, self.device, self.policy, self._weights)
+            program = Program(
+                graph, self.opsets, self.device, self.policy, self._weights, self.rounding
+            )
             self._subprograms[id(graph)] = program
         scope = self._scope
         feeds = dict(zip(program.inputs, inputs, strict=False))

@@ -1,4 +1,10 @@
-"""The torch spec: ``torch[:DEVICE][?dtype=..&compile=..&tf32=0|1&deterministic=0|1&threads=N]``.
+"""The torch spec: ``torch[:DEVICE][?dtype=..&compile=..&tf32=0|1&deterministic=0|1&threads=N
+&round=float16|bfloat16|tf32]``.
+
+``round=`` makes a *faithful* lower-precision runtime: every node computes in float32 from
+operands rounded to that precision and its outputs are rounded again (TF32: MatMul, Gemm and
+Conv operands only), as a correct fp16/bf16/TF32 kernel that accumulates in float32 does. The
+float64 oracle runs it to measure the error a precision predicts for each tensor.
 
 Parsed without importing torch, so a bad spec is a one-line usage error even where torch is
 not installed.
@@ -12,11 +18,12 @@ from dataclasses import dataclass
 from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.errors import SpecError
 
-__all__ = ["COMPILERS", "DTYPES", "KEYS", "TorchOptions"]
+__all__ = ["COMPILERS", "DTYPES", "KEYS", "ROUNDINGS", "TorchOptions"]
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 COMPILERS = ("inductor", "aot_eager", "eager")
-KEYS = ("dtype", "compile", "tf32", "deterministic", "threads")
+KEYS = ("dtype", "compile", "tf32", "deterministic", "threads", "round")
+ROUNDINGS = ("float16", "bfloat16", "tf32")
 _DEVICE = re.compile(r"^(cpu|mps|xpu(:\d+)?|cuda(:\d+)?)$")
 _FLAGS = {"0": False, "1": True, "false": False, "true": True, "off": False, "on": True}
 
@@ -29,6 +36,7 @@ class TorchOptions:
     tf32: bool = False  # off unless asked: strict float32 is what a reference means
     deterministic: bool | None = None  # None: leave torch's setting alone
     threads: int | None = None  # None: torch's own intra-op thread count
+    round: str | None = None  # a faithful lower precision (module docstring); None: none
 
     @classmethod
     def parse(cls, spec: BackendSpec) -> TorchOptions:
@@ -49,6 +57,7 @@ class TorchOptions:
             tf32=bool(_flag(spec, "tf32")),
             deterministic=_flag(spec, "deterministic"),
             threads=_count(spec, "threads"),
+            round=_rounding(spec, dtype),
         )
 
     def label(self) -> str:
@@ -61,6 +70,8 @@ class TorchOptions:
             parts.append(f"deterministic={int(self.deterministic)}")
         if self.threads is not None:
             parts.append(f"threads={self.threads}")
+        if self.round is not None:
+            parts.append(f"round={self.round}")
         return " ".join(parts)
 
 
@@ -71,6 +82,16 @@ def _choice(spec: BackendSpec, key: str, allowed: tuple[str, ...]) -> str | None
     if value.lower() not in allowed:
         raise SpecError(f"backend {spec.text!r}: {key} must be one of {', '.join(allowed)}")
     return value.lower()
+
+
+def _rounding(spec: BackendSpec, dtype: str | None) -> str | None:
+    rounding = _choice(spec, "round", ROUNDINGS)
+    if rounding is not None and dtype not in (None, "float32"):
+        raise SpecError(
+            f"backend {spec.text!r}: round= computes in float32 and rounds to its precision; "
+            "leave dtype= out"
+        )
+    return rounding
 
 
 def _count(spec: BackendSpec, key: str) -> int | None:

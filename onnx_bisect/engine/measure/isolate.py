@@ -112,9 +112,10 @@ def isolate(
                 str(outcome), isinstance(outcome, BackendCrash), outcome.full
             )
             return
+        crit = session.crit.for_isolation()  # a lower precision's isolated floors
         for n in batch:
             results[n.name] = {
-                t: compare_tensors(t, store.get(t), outcome.get(t), session.crit) for t in n.outputs
+                t: compare_tensors(t, store.get(t), outcome.get(t), crit) for t in n.outputs
             }
 
     _run_batches(session, model, store, batches, use)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from onnx_bisect.engine.measure.observe import probe_runs
 from onnx_bisect.engine.measure.runs import plan_chunks, timed_run, timed_stream
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.oracle import child as oracle_child
-from onnx_bisect.engine.oracle.job import ORACLE, TWIN
+from onnx_bisect.engine.oracle.job import ORACLE, TWIN, precision_floors
 from onnx_bisect.engine.progress import Abandoned
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError, BackendUnavailableError
@@ -64,6 +64,10 @@ class Float64Run:
 
     values: TensorStore
     oracle_noise: Mapping[str, float]
+    # With a lower-precision target: per tensor, the faithful twin's accumulated error and
+    # each node's isolated error at that precision, both against float64 (precision floors).
+    precision_noise: Mapping[str, float] = field(default_factory=dict)
+    precision_isolated: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,11 @@ def _float64_probes(
         marked = with_outputs(loaded.model, probes)
         timed_stream(backend, marked, s.feeds, store.put, "float64", s.stats)
         timed_stream(fp32, marked, s.feeds, twin, "float64", s.stats)
-        return Float64Run(store, noise)
+        precision = _floor_precision(s)
+        if precision is None:
+            return Float64Run(store, noise)
+        floors = precision_floors(loaded.model, marked, s.feeds, store.get, precision)
+        return Float64Run(store, noise, *floors)
 
     def use(chunk: list[str], marked: onnx.ModelProto) -> None:
         out = timed_run(backend, marked, s.feeds, "float64", s.stats)
@@ -184,6 +192,7 @@ def _in_child(session: Session, names: Sequence[str] | None = None) -> _Measured
         "feeds": str(work / "feeds.npz"),
         "chunks": plan_chunks(_probes(s, names), s.sizes, _chunk_bytes(s)),
         "out": str(work / "values"),
+        "precision": _floor_precision(s),
     }
     child = oracle_child.take_child()
     s.on_cancel(child.kill)  # the pipes are this thread's to close
@@ -202,5 +211,11 @@ def _in_child(session: Session, names: Sequence[str] | None = None) -> _Measured
     store = TensorStore(None)
     for name, (path, offset, dtype, shape) in done["files"].items():
         store.adopt(name, Path(path), TensorMeta(np.dtype(dtype), tuple(shape)), offset)
-    run = Float64Run(store, done["noise"])
+    run = Float64Run(store, done["noise"], done["precision_noise"], done["precision_isolated"])
     return _Measured(run, done["describe"], tuple(done["notes"]))
+
+
+def _floor_precision(session: Session) -> str | None:
+    """The precision whose floors the oracle measures: the target's, when it is lower."""
+    target = session.setup.target_precision
+    return target.precision.value if target.lowered else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -18,9 +18,10 @@ import onnx
 from onnx_bisect.backends.protocol import Backend, BackendBase, Tensors, streams
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.compare.noise import fp32_noise
+from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.extract import with_outputs
 
-__all__ = ["ORACLE", "TWIN", "run_job"]
+__all__ = ["ORACLE", "TWIN", "precision_floors", "run_job"]
 
 
 def _threads() -> int:
@@ -53,15 +54,22 @@ def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
     out_dir = Path(job["out"])
     out_dir.mkdir(parents=True, exist_ok=True)
     seconds: list[float] = []
+    floors: tuple[dict[str, float], dict[str, float]] = ({}, {})
     if streams(backend) and streams(fp32):
         marked = with_outputs(model, [name for chunk in job["chunks"] for name in chunk])
         files, noise = _streamed(backend, fp32, marked, feeds, out_dir, seconds)
+        if job.get("precision"):
+            start = time.perf_counter()
+            floors = precision_floors(model, marked, feeds, _Reader(files).get, job["precision"])
+            seconds.append(time.perf_counter() - start)
     else:
         files, noise = _chunked(backend, fp32, model, feeds, job["chunks"], out_dir, seconds)
     notes = [n for b in (backend, fp32) if isinstance(b, BackendBase) for n in b.notes()]
     return {
         "files": files,
         "noise": noise,
+        "precision_noise": floors[0],
+        "precision_isolated": floors[1],
         "describe": backend.describe(),
         "notes": notes,
         "seconds": seconds,
@@ -69,6 +77,35 @@ def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
 
 
 Placed = dict[str, tuple[str, int, str, list[int]]]
+
+
+def precision_floors(
+    model: onnx.ModelProto,
+    marked: onnx.ModelProto,
+    feeds: Mapping[str, npt.NDArray[Any]],
+    float64: Callable[[str], npt.NDArray[Any]],
+    precision: str,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The error ``precision`` itself predicts, per tensor, against the float64 values: the
+    faithful twin's accumulated error over the whole run (``marked``'s outputs), and each
+    node's isolated error when fed exact operands (``backends/torch/floors.py``)."""
+    from onnx_bisect.backends.torch.floors import isolated_floors
+    from onnx_bisect.backends.torch.numerics import intra_op_threads
+
+    twin = create_backend(f"torch:cpu?round={precision}&threads={_threads()}")
+    accumulated: dict[str, float] = {}
+
+    def take(name: str, value: npt.NDArray[Any]) -> None:
+        measured = fp32_noise(float64(name), value)
+        if measured is not None:
+            accumulated[name] = measured
+
+    if not streams(twin):
+        raise BackendError("the faithful lower-precision twin needs torch")
+    twin.stream(marked, feeds, take)
+    with intra_op_threads(_threads()):
+        isolated = isolated_floors(model, feeds, precision)
+    return accumulated, isolated
 
 
 def _streamed(

@@ -1,0 +1,218 @@
+"""Lower precisions, pure: what a float16, bfloat16 or TF32 computation can hold, its rounding,
+and the range problems seen in its values (overflow, flush to zero, NaN, saturation).
+
+A target computing in a lower precision than the reference is expected to differ by its
+rounding; these functions say what that rounding is and what is worse than rounding: a value
+the precision can hold that came back as 0, Inf or NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from onnx_bisect.compare.metrics import blocks
+
+__all__ = [
+    "DATA_MOVEMENT",
+    "FLOAT32_DEFAULT",
+    "Format",
+    "Precision",
+    "PrecisionFloors",
+    "PrecisionInfo",
+    "format_of",
+    "parse_precision",
+    "range_problem",
+    "round_to",
+]
+
+
+class Precision(StrEnum):
+    FLOAT32 = "float32"
+    TF32 = "tf32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+@dataclass(frozen=True)
+class PrecisionInfo:
+    """What one side computes float32 work in, and where that is known from.
+
+    ``source``: ``declared`` (the spec, a transform, ``--target-precision``, a model file of
+    float16 tensors), ``observed`` (the runtime says what it picked) or ``default`` (nothing
+    says otherwise: the model's own types). ``asked``: the user chose it; a runtime that lowers
+    precision on its own is a finding, one the user asked for is not."""
+
+    precision: Precision
+    source: str
+    how: str
+    asked: bool
+
+    @property
+    def lowered(self) -> bool:
+        return self.precision is not Precision.FLOAT32
+
+    def describe(self) -> str:
+        return f"{self.precision.value} ({self.source}: {self.how})"
+
+
+FLOAT32_DEFAULT = PrecisionInfo(Precision.FLOAT32, "default", "the model's own types", False)
+
+
+@dataclass(frozen=True)
+class PrecisionFloors:
+    """The error a lower precision predicts per tensor, measured by the float64 oracle's
+    faithful twin (``torch:cpu?round=``): ``accumulated`` over the whole run, ``isolated`` for
+    the node fed exact operands. Keyed by the reference model's tensor names."""
+
+    precision: Precision
+    accumulated: Mapping[str, float] = field(default_factory=dict)
+    isolated: Mapping[str, float] = field(default_factory=dict)
+
+    def floor(self, tensor: str, *, isolating: bool) -> float | None:
+        return (self.isolated if isolating else self.accumulated).get(tensor)
+
+    def renamed(self, pairs: Mapping[str, str]) -> PrecisionFloors:
+        """For another model's tensors: ``pairs`` maps each to the reference tensor holding
+        its value; other names have no floor."""
+
+        def mapped(floors: Mapping[str, float]) -> dict[str, float]:
+            return {t: floors[r] for t, r in pairs.items() if r in floors}
+
+        return PrecisionFloors(self.precision, mapped(self.accumulated), mapped(self.isolated))
+
+
+@dataclass(frozen=True)
+class Format:
+    """A floating-point format: mantissa bits (without the implicit one), the largest finite
+    value and the smallest positive (subnormal where the format has them) value."""
+
+    mantissa: int
+    max: float
+    tiny: float
+
+    @property
+    def unit(self) -> float:
+        """Unit roundoff: the largest relative error of rounding one value to nearest."""
+        return float(2.0 ** -(self.mantissa + 1))
+
+
+_FORMATS = {
+    Precision.FLOAT32: Format(23, float(np.finfo(np.float32).max), 1.4e-45),
+    # TF32 keeps float32's range; only MatMul/Conv/Gemm operands lose mantissa bits.
+    Precision.TF32: Format(10, float(np.finfo(np.float32).max), 1.4e-45),
+    Precision.BFLOAT16: Format(7, 3.3895313892515355e38, 9.2e-41),
+    Precision.FLOAT16: Format(10, 65504.0, 5.960464477539063e-08),
+}
+
+_ALIASES = {
+    "float32": Precision.FLOAT32, "fp32": Precision.FLOAT32, "f32": Precision.FLOAT32,
+    "tf32": Precision.TF32,
+    "bfloat16": Precision.BFLOAT16, "bf16": Precision.BFLOAT16,
+    "float16": Precision.FLOAT16, "fp16": Precision.FLOAT16, "f16": Precision.FLOAT16,
+    "half": Precision.FLOAT16,
+}  # fmt: skip
+
+# Ops that move values without computing new ones: on any precision their output holds their
+# inputs' values exactly (rounded once to the precision), so they are never where error starts.
+DATA_MOVEMENT = frozenset(
+    {
+        "Reshape", "Transpose", "Slice", "Gather", "GatherElements", "GatherND", "Concat",
+        "Split", "Squeeze", "Unsqueeze", "Identity", "Flatten", "Expand", "Tile", "Pad",
+        "DepthToSpace", "SpaceToDepth", "ScatterND", "ScatterElements",
+    }
+)  # fmt: skip
+
+
+def parse_precision(text: str) -> Precision:
+    """``float16``, ``fp16``, ``f16``, ``half``, ``bf16``, ``tf32``, ``float32``…"""
+    try:
+        return _ALIASES[text.strip().lower()]
+    except KeyError:
+        names = ", ".join(p.value for p in Precision)
+        raise ValueError(f"unknown precision {text!r}; choose from {names}") from None
+
+
+def format_of(precision: Precision) -> Format:
+    return _FORMATS[precision]
+
+
+def round_to(values: npt.NDArray[Any], precision: Precision) -> npt.NDArray[np.float32]:
+    """``values`` rounded to nearest in ``precision``, returned as float32 (TF32 rounds the
+    mantissa to 10 bits, as a TF32 MatMul does to its operands)."""
+    array = np.asarray(values, dtype=np.float32)
+    if precision is Precision.FLOAT16:
+        with np.errstate(over="ignore"):
+            return array.astype(np.float16).astype(np.float32)
+    if precision is Precision.FLOAT32:
+        return array.copy()
+    dropped = 23 - _FORMATS[precision].mantissa  # 16 for bfloat16, 13 for TF32
+    bits = np.ascontiguousarray(array).view(np.uint32)
+    finite = np.isfinite(array)
+    # Round half to even on the dropped bits; non-finite values pass unchanged.
+    bias = np.uint32((1 << (dropped - 1)) - 1) + ((bits >> np.uint32(dropped)) & np.uint32(1))
+    rounded = ((bits + bias) >> np.uint32(dropped)) << np.uint32(dropped)
+    return np.where(finite, rounded.view(np.float32), array)
+
+
+def range_problem(
+    ref: npt.NDArray[Any],
+    target: npt.NDArray[Any],
+    precision: Precision,
+    significance: float = 1e-6,
+) -> str:
+    """What the target's values show that ``precision`` cannot explain, or "": values the
+    format holds that came back 0 (flushed), finite values that became ±Inf (overflow) or NaN,
+    or values pinned at the format's largest magnitude (saturation). Counted over the elements
+    where the reference is finite; zeros or pinned values under 1% of them, or Inf/NaN under 1%
+    and under 16 elements, are not a finding, nor are flushed values at most ``significance``
+    × the tensor's peak |value| (ONNX Runtime's float16 Sigmoid returns 0 near 1e-7, which
+    changes no probability map)."""
+    fmt_ = _FORMATS[precision]
+    flushed = overflow = nan = saturated = finite = 0
+    example = peak = 0.0
+    for (r,) in blocks(ref):
+        ok = np.isfinite(r)
+        if ok.any():
+            peak = max(peak, float(np.max(np.abs(r[ok]))))
+    smallest = max(2 * fmt_.tiny, significance * peak)
+    for r, t in blocks(ref, target):
+        ok = np.isfinite(r)
+        finite += int(np.count_nonzero(ok))
+        held = ok & (np.abs(r) > smallest) & (np.abs(r) <= fmt_.max)
+        zero = held & (t == 0)
+        flushed += int(np.count_nonzero(zero))
+        if zero.any():
+            example = max(example, float(np.max(np.abs(r[zero]))))
+        overflow += int(np.count_nonzero(ok & np.isinf(t)))
+        nan += int(np.count_nonzero(ok & np.isnan(t)))
+        big = np.abs(r) > fmt_.max * 1.01
+        saturated += int(np.count_nonzero(held & ~big & (np.abs(t) >= fmt_.max) & np.isfinite(t)))
+    if not finite:
+        return ""
+
+    def share(count: int) -> str:
+        return f"{100 * count / finite:.1f}% of the elements"
+
+    def counts(count: int) -> bool:
+        return count >= 16 or count >= 0.01 * finite
+
+    def many(count: int) -> bool:
+        # A faithful sum of two rounded operands can cancel to an exact 0 (0.1% of a
+        # PP-OCRv4 residual Add's elements in float16): zeros count from 1% of the tensor.
+        return count >= max(1, 0.01 * finite)
+
+    if many(flushed):
+        return f"{share(flushed)} are 0 where {precision.value} holds values up to {example:.2g}"
+    if counts(overflow):
+        return f"{share(overflow)} are ±Inf where the reference's are finite"
+    if counts(nan):
+        return f"{share(nan)} are NaN where the reference's are finite"
+    if many(saturated):
+        return f"{share(saturated)} are pinned at ±{fmt_.max:g}, {precision.value}'s largest"
+    return ""
