@@ -162,36 +162,19 @@ def _figure(result: BisectResult, s: _Series) -> Any:
             zorder=3,
             label="isolated (fed the reference's inputs)",
         )
-    if s.threshold:
-        ax.step(
-            [i for i, _ in s.threshold],
-            [shown(t) for _, t in s.threshold],
-            where="mid",
-            color="#444",
-            lw=0.9,
-            ls="--",
-            label="threshold (k × noise + eps)" if result.criterion.auto else "threshold",
-        )
-    if s.noise:
-        ax.step(
-            [i for i, _ in s.noise],
-            [shown(t) for _, t in s.noise],
-            where="mid",
-            color="#999",
-            lw=0.8,
-            ls=":",
-            label="fp32 noise floor",
-        )
-    if s.floor and result.criterion.floors is not None:
-        ax.step(
-            [i for i, _ in s.floor],
-            [shown(f) for _, f in s.floor],
-            where="mid",
-            color="#2a7ab0",
-            lw=0.9,
-            ls="-.",
-            label=f"{result.criterion.floors.precision.value} precision floor",
-        )
+    steps = [
+        (s.threshold, "#444", 0.9, "--",
+         "threshold (k × noise + eps)" if result.criterion.auto else "threshold"),
+        (s.noise, "#999", 0.8, ":", "fp32 noise floor"),
+    ]  # fmt: skip
+    if result.criterion.floors is not None:
+        name = result.criterion.floors.precision.value
+        steps.append((s.floor, "#2a7ab0", 0.9, "-.", f"{name} precision floor"))
+    for points, colour, width, style, label in steps:
+        if points:
+            xs, ys = _xy(list(points))
+            ax.step(xs, [shown(y) for y in ys], where="mid", color=colour, lw=width, ls=style,
+                    label=label)  # fmt: skip
     seen: set[str] = set()
     for index, label, colour in s.marks:
         style = "-." if label.startswith("root") else "--"
