@@ -213,6 +213,12 @@ class Comparison:
     def diverged(self) -> bool:
         return self.status is not Status.OK
 
+    @property
+    def state(self) -> str:
+        """The status for people: ``within precision`` where a lower precision's floor, not
+        fp32 noise, is what the error is within."""
+        return "within precision" if self.within_precision else self.status.value
+
     def shown(self, metric: str) -> str:
         """``metric`` for people: NaN or inf where NaN/Inf sit in different places, however
         small the error of the finite elements; "—" where it was not computed."""

@@ -88,7 +88,7 @@ def _summary(r: BisectResult) -> list[str]:
         )
         for c in r.outputs:
             out.append(
-                f"<tr><td><code>{escape(c.tensor)}</code></td><td>{escape(c.status.value)}</td>"
+                f"<tr><td><code>{escape(c.tensor)}</code></td><td>{escape(c.state)}</td>"
                 f'<td class="num">{c.shown("rel_l2")}</td>'
                 f'<td class="num">{c.shown("max_abs")}</td><td>{escape(c.reason)}</td>'
                 "</tr>"

@@ -119,7 +119,7 @@ def render_issue(result: BisectResult) -> str:
         head += ["| output | status | rel_l2 | max_abs |", "|---|---|---|---|"]
     for c in result.outputs:
         rel, mx = c.shown("rel_l2"), c.shown("max_abs")
-        head.append(f"| `{c.tensor}` | {c.status.value} | {rel} | {mx} |")
+        head.append(f"| `{c.tensor}` | {c.state} | {rel} | {mx} |")
     if result.outputs:
         # What `ok` means, said as agreement: the bare criterion reads as the failing test.
         head += ["", f"An output is `ok` where {result.criterion.agreement()}."]

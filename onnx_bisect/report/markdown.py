@@ -70,7 +70,7 @@ def render_markdown(result: BisectResult) -> str:
         lines += ["|---|---|---|---|---|"]
     for c in result.outputs:
         lines.append(
-            f"| `{c.tensor}` | {c.status.value} | {c.shown('rel_l2')} | "
+            f"| `{c.tensor}` | {c.state} | {c.shown('rel_l2')} | "
             f"{c.shown('max_abs')} | {_cell(c.reason)} |"
         )
     if result.task_checks:
