@@ -15,6 +15,7 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from onnx_bisect.errors import InputError
+from onnx_bisect.version import VERSION
 
 __all__ = ["MANIFEST", "check_owned", "manifest_text", "read_manifest"]
 
@@ -24,10 +25,8 @@ _TOOL = "onnx-bisect"
 
 def manifest_text(entries: Iterable[str]) -> str:
     """The manifest listing ``entries`` (names directly in the output directory)."""
-    from onnx_bisect import __version__  # the package imports its modules lazily
-
     listed = sorted(set(entries) - {MANIFEST})
-    body = {"tool": _TOOL, "version": __version__, "entries": listed}
+    body = {"tool": _TOOL, "version": VERSION, "entries": listed}
     return json.dumps(body, indent=2) + "\n"
 
 
