@@ -8,8 +8,9 @@
 from __future__ import annotations
 
 import importlib
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
+
+from onnx_bisect.version import VERSION
 
 if TYPE_CHECKING:
     from onnx_bisect.api import bisect
@@ -120,13 +121,4 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-def _version() -> str:
-    try:
-        return metadata.version("onnx-bisect")
-    except metadata.PackageNotFoundError:
-        # A source tree on sys.path without an install: no metadata says which release it is,
-        # and "0+unknown" sorts below every release (PEP 440) rather than posing as one.
-        return "0+unknown"
-
-
-__version__ = _version()
+__version__ = VERSION

@@ -26,7 +26,7 @@ from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
 from onnx_bisect.inputs.feeds import save_npz
 from onnx_bisect.options import DEFAULT_MAX_MEMORY, BisectOptions
-from onnx_bisect.report.outdir import check_out_dir, is_stage_name, replace_owned, staging_dir
+from onnx_bisect.report.outdir import check_out_dir, is_stage_name, staging_dir, swap_in
 
 __all__ = ["DumpResult", "dump"]
 
@@ -59,7 +59,7 @@ def dump(
     # The options it shares with bisect(), checked by the same rules.
     BisectOptions(shapes=shapes, values=values, ranges=ranges, seed=seed, max_memory=max_memory)
     directory = Path(out)
-    check_out_dir(directory)
+    check_out_dir(directory, reads=[Path(model)] if isinstance(model, (str, os.PathLike)) else [])
     earlier = _earlier_dump(directory)
     loaded = load_model(model)
     runner = create_backend(backend)
@@ -93,7 +93,7 @@ def dump(
             "naming": "file = percent-encoded tensor name + '.npy' (onnx_bisect.backends.dump)",
         }
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        replace_owned(stage, directory, earlier)
+        swap_in(stage, directory, earlier)
     return DumpResult(directory, len(written), stats.runs.get("target", 0))
 
 

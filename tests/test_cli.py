@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from onnx_bisect.backends import adapters
 from onnx_bisect.cli import app, bisect_app, commands
+from onnx_bisect.report.manifest import MANIFEST
 from tests.models import FAULTY_RUNTIME, ROOT, YOLO, two_inputs
 
 runner = CliRunner()
@@ -37,6 +38,7 @@ def test_bisect_finds_planted_fault_and_writes_reports(tmp_path: Path) -> None:
     assert "First divergence" in res.stdout and FAULT in res.stdout
     assert "Root cause" in res.stdout and "culprit" in res.stdout
     assert {p.name for p in out.iterdir()} == {
+        MANIFEST,
         "report.md",
         "report.json",
         "nodes.csv",
@@ -74,7 +76,7 @@ def test_quiet_and_formats(tmp_path: Path) -> None:
         bisect_app, [str(YOLO), "-t", "cpu?opt=disable", "-q", "-o", str(tmp_path), "-f", "json"]
     )
     assert res.exit_code == 0 and res.stdout == ""
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["inputs.npz", "report.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST, "inputs.npz", "report.json"]
 
 
 def test_backends_lists_availability() -> None:

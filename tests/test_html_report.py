@@ -24,6 +24,7 @@ import onnx_bisect
 from onnx_bisect.cli import bisect_app
 from onnx_bisect.report.files import write_reports
 from onnx_bisect.report.html import CSP, render_html
+from onnx_bisect.report.manifest import MANIFEST
 from onnx_bisect.report.neighbourhood import MAX_NODES, neighbourhood
 from onnx_bisect.report.plots import PLOTS_HINT
 from onnx_bisect.result import BisectResult
@@ -217,7 +218,8 @@ def test_bisect_writes_the_page_and_the_image_by_default(tmp_path: Path) -> None
         bisect_app, [str(model), "--target", target, "--out", str(only), "--format", "html"]
     )
     assert run.exit_code == 1, run.output
-    assert sorted(p.name for p in only.iterdir()) == ["inputs.npz", "report.html", "repro"]
+    names = sorted(p.name for p in only.iterdir())
+    assert names == [MANIFEST, "inputs.npz", "report.html", "repro"]
 
 
 def test_the_page_in_a_browser(result: BisectResult, tmp_path: Path) -> None:

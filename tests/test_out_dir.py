@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from onnx_bisect.cli import app, bisect_app
 from onnx_bisect.report.files import REPORT_FILES
+from onnx_bisect.report.manifest import MANIFEST, manifest_text
 from onnx_bisect.report.outdir import check_out_dir, replace_owned, staging_dir
 from onnx_bisect.repro.bundle import BUNDLE_FILES
 from tests.models import FAULTY_RUNTIME, chain
@@ -98,14 +99,14 @@ def test_a_reused_out_holds_the_last_run_only_and_the_users_files(
     runner = CliRunner()
     bad = runner.invoke(bisect_app, [str(model), "-t", _faulty(tmp_path / "marks"), "-o", str(out)])
     assert bad.exit_code == 1, bad.output
-    assert sorted(p.name for p in out.iterdir()) == sorted(REPORT_FILES)
+    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, *REPORT_FILES])
     (out / "notes.txt").write_text("mine\n")
     (out / "plots").mkdir()
     clean = runner.invoke(bisect_app, [str(model), "-t", "cpu", "-o", str(out), "-f", "md,json"])
     assert clean.exit_code == 0, clean.output
     # No stale bundle, nodes.csv or verdict: the set was replaced; the user's entries stayed.
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["inputs.npz", "notes.txt", "plots", "report.json", "report.md"]
+    assert names == [MANIFEST, "inputs.npz", "notes.txt", "plots", "report.json", "report.md"]
     assert json.loads((out / "report.json").read_text())["verdict"] == "match"
     assert "No divergence" in (out / "report.md").read_text()
     assert (out / "notes.txt").read_text() == "mine\n"
@@ -133,12 +134,12 @@ def test_reduce_replaces_a_bundle_and_keeps_the_rest(tmp_path: Path, model: Path
     runner = CliRunner()
     res = runner.invoke(app, ["reduce", str(model), "-t", _faulty(tmp_path / "m"), "-o", str(out)])
     assert res.exit_code == 1, res.output
-    assert sorted(p.name for p in out.iterdir()) == INLINE_BUNDLE
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, *INLINE_BUNDLE]
     (out / "notes.txt").write_text("mine\n")
     res = runner.invoke(app, ["reduce", str(model), "-t", "cpu", "-o", str(out)])
     assert res.exit_code == 0, res.output
     assert "No divergence: nothing to reduce." in res.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "notes.txt"]
     assert f"kept 1 file(s) in {out}/" in res.stdout
 
 
@@ -147,6 +148,7 @@ def test_replace_owned_swaps_the_set(tmp_path: Path) -> None:
     out.mkdir()
     for name in ("a.txt", "b.txt", "user.txt"):
         (out / name).write_text("old")
+    (out / MANIFEST).write_text(manifest_text(["a.txt", "b.txt"]))  # an earlier run's
     with staging_dir(out) as stage:
         assert stage.parent == tmp_path and stage.name.startswith(".out.onnx-bisect-")
         (stage / "a.txt").write_text("new")
@@ -154,7 +156,8 @@ def test_replace_owned_swaps_the_set(tmp_path: Path) -> None:
         done = replace_owned(stage, out, owned=("a.txt", "b.txt", "c"))
     assert not stage.exists()
     assert (done.written, done.removed, done.kept) == (("a.txt", "c"), ("b.txt",), ("user.txt",))
-    assert sorted(p.name for p in out.iterdir()) == ["a.txt", "c", "user.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "a.txt", "c", "user.txt"]
+    assert json.loads((out / MANIFEST).read_text())["entries"] == ["a.txt", "c"]
     assert (out / "a.txt").read_text() == "new" and (out / "user.txt").read_text() == "old"
 
 

@@ -200,7 +200,7 @@ def test_an_all_nan_output_reads_nan_and_says_where_nan_first_appears(tmp_path: 
         "- **NaN first appears:** Add `add` (#0), tensor `s`: 8 of 8 values are NaN where the "
         "reference's are finite."
     ) in md
-    assert "- **Amplification chain** (rel_l2): Add add NaN → Relu relu NaN" in md
+    assert "- **Amplification chain** (rel_l2): Add `add` NaN → Relu `relu` NaN" in md
     assert "| 0 | `add` | Add | culprit | NaN | NaN | — | `s` |" in md
     assert (
         "| `y` | nonfinite-mismatch | NaN | NaN | 8 NaN/Inf values differ from the reference |"
@@ -222,7 +222,7 @@ def test_inf_is_said_where_it_first_appears_after_the_first_divergence() -> None
     )
     md = render_markdown(result)
     assert "| 1 | `exp` | Exp | propagated | inf | 0 | — | `y` |" in md
-    assert "- **Amplification chain** (rel_l2): Mul scale 0.05 → Exp exp inf\n" in md
+    assert "- **Amplification chain** (rel_l2): Mul `scale` 0.05 → Exp `exp` inf\n" in md
     assert "\n#1-1 ! " + "#" * 40 + "       inf  Exp exp\n" in md  # the error curve
     issue = render_issue(result)
     assert (

@@ -135,7 +135,9 @@ def run_command(
     command = shlex.join(["bisect", *_argv_of(model, ref, target, given, out, per_input)])
     with (
         user_errors(debug),
-        staged_out(out, bundle_name="repro", owned=REPORT_FILES) as staged,
+        staged_out(
+            out, bundle_name="repro", owned=REPORT_FILES, reads=_models(model, target_model)
+        ) as staged,
         live_progress(quiet=quiet) as progress,
     ):
         formats = [f.strip() for f in format.split(",") if f.strip()]
@@ -188,6 +190,11 @@ def run_command(
         if kept := published.kept_line():
             console.print(kept, markup=False)
     raise typer.Exit(EXIT_DIVERGED if result.diverged else EXIT_MATCH)
+
+
+def _models(model: Path, target_model: Path | None) -> list[Path]:
+    """The models a run reads, which its --out must not hold."""
+    return [model] + ([target_model] if target_model is not None else [])
 
 
 def _options(
@@ -276,7 +283,9 @@ def reduce_command(
     configure_logging(verbose=verbose, debug=debug)
     with (
         user_errors(debug),
-        staged_out(out, bundle_name="", owned=BUNDLE_FILES) as staged,
+        staged_out(
+            out, bundle_name="", owned=BUNDLE_FILES, reads=_models(model, target_model)
+        ) as staged,
         live_progress(quiet=quiet) as progress,
     ):
         result = run_bisect(

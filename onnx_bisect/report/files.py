@@ -189,12 +189,15 @@ class StagedOut:
 
 
 @contextmanager
-def staged_out(out: Path | None, *, bundle_name: str, owned: Sequence[str]) -> Iterator[StagedOut]:
-    """Check ``out`` now, before any work, and stage what will be written to it; the staging
-    directory is gone when the block ends, whether it was published or interrupted."""
+def staged_out(
+    out: Path | None, *, bundle_name: str, owned: Sequence[str], reads: Sequence[Path] = ()
+) -> Iterator[StagedOut]:
+    """Check ``out`` now, before any work (``reads``: the files the run reads, the model),
+    and stage what will be written to it; the staging directory is gone when the block ends,
+    whether it was published or interrupted."""
     if out is None:
         yield StagedOut(None, None, bundle_name, tuple(owned))
         return
-    check_out_dir(out)
+    check_out_dir(out, owned=owned, reads=reads)
     with staging_dir(out) as stage:
         yield StagedOut(out, stage, bundle_name, tuple(owned))

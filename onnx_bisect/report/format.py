@@ -6,11 +6,14 @@ uses them too) and are re-exported here for the report modules.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+from collections.abc import Callable
 
 from onnx_bisect.compare.criterion import Comparison
 from onnx_bisect.report.curve import error_curve
+from onnx_bisect.report.escape import code, one_line
 from onnx_bisect.result import BisectResult, NodeResult, first_divergence_phrase
 from onnx_bisect.text import fmt, fmt_amp, plural
 
@@ -35,7 +38,7 @@ def fmt_error(c: Comparison | None, metric: str) -> str:
 
 
 def node_label(n: NodeResult) -> str:
-    return f"{n.op_type} `{n.name}` (#{n.index})"
+    return f"{one_line(n.op_type)} {code(n.name)} (#{n.index})"
 
 
 def search_line(result: BisectResult) -> str:
@@ -51,9 +54,12 @@ def search_line(result: BisectResult) -> str:
     )
 
 
-def chain_line(result: BisectResult, most: int = 6) -> str:
-    """``Conv a 0.05 → … → Concat z 0.002 (×0.04 overall; largest gains: Add b ×12)``."""
-    chain = result.chain
+def chain_line(result: BisectResult, most: int = 6, name: Callable[[str], str] = one_line) -> str:
+    """``Conv a 0.05 → … → Concat z 0.002 (×0.04 overall; largest gains: Add b ×12)``, each
+    node's name shown by ``name`` (a code span in Markdown)."""
+    chain = [
+        dataclasses.replace(c, op_type=one_line(c.op_type), node=name(c.node)) for c in result.chain
+    ]
     if len(chain) < 2:
         return ""
     first, last = chain[0], chain[-1]
@@ -91,15 +97,16 @@ def curve_lines(result: BisectResult, width: int = 40) -> list[str]:
         bar = "#" * round(level * width)
         where = f"#{p.first}-{p.last}".ljust(label_width)
         mark = "!" if p.diverged else " "
-        name = p.node if len(p.node) <= 36 else "…" + p.node[-35:]
+        node = one_line(p.node)
+        name = node if len(node) <= 36 else "…" + node[-35:]
         error = p.nonfinite or fmt(p.error)
-        lines.append(f"{where} {mark} {bar.ljust(width)} {error:>9}  {p.op_type} {name}")
+        lines.append(f"{where} {mark} {bar.ljust(width)} {error:>9}  {one_line(p.op_type)} {name}")
     return lines
 
 
-def fenced(text: str) -> list[str]:
+def fenced(text: str, info: str = "text") -> list[str]:
     """``text`` verbatim in a Markdown code block, with a fence longer than any run of
-    backticks inside it (runtime messages quote code)."""
+    backticks inside it (runtime messages quote code, node names may hold backticks)."""
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * max(3, longest + 1)
-    return [fence + "text", *text.splitlines(), fence]
+    return [fence + info, *text.splitlines(), fence]

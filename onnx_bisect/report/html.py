@@ -14,6 +14,7 @@ from html import escape
 from importlib.resources import files
 from typing import TYPE_CHECKING
 
+from onnx_bisect.report.escape import shell
 from onnx_bisect.report.format import chain_line, first_divergence_phrase, fmt_error, search_line
 from onnx_bisect.report.neighbourhood import MAX_NODES, neighbourhood, neighbourhood_svg
 from onnx_bisect.report.plots import PLOTS_HINT, curve_svg
@@ -150,7 +151,7 @@ def _repro(r: BisectResult) -> str:
     state = (
         "verified: re-run in a fresh process, it reproduces" if rp.reproduces else "not verified"
     )
-    run = f"cd {rp.path} && python repro.py   # exit 1: reproduces, exit 0: does not"
+    run = f"cd {shell(rp.path)} && python repro.py   # exit 1: reproduces, exit 0: does not"
     return (
         f"<code>{escape(rp.path)}</code> ({plural(len(rp.nodes), 'node')} of {rp.nodes_before}; "
         f"{escape(state)}). {escape(rp.message)}<pre>{escape(run)}</pre>"

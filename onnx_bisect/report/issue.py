@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from onnx_bisect.pass_result import target_arg
+from onnx_bisect.report.escape import cell, code, one_line
 from onnx_bisect.report.format import fenced, plural
 from onnx_bisect.report.markdown import around, render_table
 from onnx_bisect.report.mermaid import mermaid_lines
@@ -25,15 +27,16 @@ _FAILS = {
 
 def _headline(result: BisectResult) -> str:
     rc = result.root_cause
-    target, ref = result.target.spec, result.ref.spec
+    target, ref = code(result.target.spec), code(result.ref.spec)
     if rc is not None and rc.kind in _FAILS and rc.nodes:
-        return f"`{target}` {_FAILS[rc.kind]} `{rc.nodes[0]}`"
+        return f"{target} {_FAILS[rc.kind]} {code(rc.nodes[0])}"
     if rc is not None and rc.nodes:
-        what = rc.nodes[0] if len(rc.nodes) == 1 else f"{rc.nodes[0]} … {rc.nodes[-1]}"
-        return f"`{target}` diverges from `{ref}` at `{what}` ({rc.kind})"
+        first, last = code(rc.nodes[0]), code(rc.nodes[-1])
+        what = first if len(rc.nodes) == 1 else f"{first} … {last}"
+        return f"{target} diverges from {ref} at {what} ({rc.kind})"
     fd = result.first_divergence
-    where = f" from `{fd.name}`" if fd is not None else ""
-    return f"`{target}` diverges from `{ref}`{where}"
+    where = f" from {code(fd.name)}" if fd is not None else ""
+    return f"{target} diverges from {ref}{where}"
 
 
 def _bundle_lines(result: BisectResult) -> list[str]:
@@ -49,22 +52,22 @@ def _bundle_lines(result: BisectResult) -> list[str]:
     if result.target_model:
         # The subgraph comes from the model the target ran; its expected values from the other.
         pair = [
-            f"- cut from the target model `{result.target_model}`; the expected outputs are the "
-            f"reference model's (`{result.model}`) values of the tensors they stand for, so the "
-            "reference runtime disagreeing with them on this subgraph means the *graph* changed "
-            "the numbers, not a kernel"
+            f"- cut from the target model {code(result.target_model)}; the expected outputs are "
+            f"the reference model's ({code(result.model)}) values of the tensors they stand "
+            "for, so the reference runtime disagreeing with them on this subgraph means the "
+            "*graph* changed the numbers, not a kernel"
         ]
     shrunk = f"shrunk from {plural(r.nodes_before, 'node')} to {len(r.nodes)}"
     # The message repeats the nodes (and a failed verification's words, already in ``state``);
     # only a bundle that needs the graph before it says more there.
-    prefix = [f"- {r.message}"] if r.reproduces and not r.isolated else []
+    prefix = [f"- {one_line(r.message)}"] if r.reproduces and not r.isolated else []
     return [
         *pair,
         f"- {shrunk} in {plural(r.runs, 'target run')}: "
-        + ", ".join(f"`{n}`" for n in r.nodes[:8])
+        + ", ".join(code(n) for n in r.nodes[:8])
         + (" …" if len(r.nodes) > 8 else ""),
         f"- fed {'the reference’s tensors at the cut' if r.isolated else 'the model’s own inputs'}",
-        f"- {state}",
+        f"- {one_line(state)}",
         *prefix,
     ]
 
@@ -79,7 +82,7 @@ def render_bundle_readme(result: BisectResult) -> str:
         "",
         "```bash",
         "python repro.py                      # exit 1: reproduces, exit 0: does not",
-        f"python repro.py --target '{result.ref.spec}'   # the reference, for contrast",
+        f"python repro.py {target_arg(result.ref.spec)}   # the reference, for contrast",
         "```",
         "",
         "Files: `model.onnx` (the subgraph, original node names; its weights in `model.onnx.data`",
@@ -90,16 +93,14 @@ def render_bundle_readme(result: BisectResult) -> str:
         "",
         "## Found with",
         "",
-        "```bash",
-        result.command or "onnx_bisect.bisect(...)",
-        "```",
+        *fenced(result.command or "onnx_bisect.bisect(...)", info="bash"),
         "",
         "## Versions",
         "",
     ]
     lines += [f"- {k}: {v}" for k, v in result.versions.items()]
     if r is not None and not r.reproduces:
-        lines += ["", f"**Caution:** {r.message}"]
+        lines += ["", f"**Caution:** {one_line(r.message)}"]
     return "\n".join(lines) + "\n"
 
 
@@ -108,8 +109,8 @@ def render_issue(result: BisectResult) -> str:
     cause's neighbourhood as a diagram and a table. The full report is attached, not pasted:
     a second copy made the body as long as the report."""
     head = [f"# {_headline(result)}", "", "## Environment", ""]
-    head += [f"- reference: `{result.ref.spec}` ({result.ref.description})"]
-    head += [f"- target: `{result.target.spec}` ({result.target.description})"]
+    head += [f"- reference: {code(result.ref.spec)} ({one_line(result.ref.description)})"]
+    head += [f"- target: {code(result.target.spec)} ({one_line(result.target.description)})"]
     head += [f"- {k}: {v}" for k, v in result.versions.items()]
     head += ["", "## Minimal repro", ""]
     head += _bundle_lines(result)
@@ -119,7 +120,7 @@ def render_issue(result: BisectResult) -> str:
         head += ["| output | status | rel_l2 | max_abs |", "|---|---|---|---|"]
     for c in result.outputs:
         rel, mx = c.shown("rel_l2"), c.shown("max_abs")
-        head.append(f"| `{c.tensor}` | {c.state} | {rel} | {mx} |")
+        head.append(f"| {cell(code(c.tensor))} | {c.state} | {rel} | {mx} |")
     if result.outputs:
         # What `ok` means, said as agreement: the bare criterion reads as the failing test.
         head += ["", f"An output is `ok` where {result.criterion.agreement()}."]
@@ -127,13 +128,15 @@ def render_issue(result: BisectResult) -> str:
     if fd is not None:
         acc = fd.accumulated
         detail = acc.reason if acc is not None else fd.verdict.value
-        head += ["", f"First divergence: {fd.op_type} `{fd.name}` (#{fd.index}): {detail}."]
+        at = f"{one_line(fd.op_type)} {code(fd.name)} (#{fd.index})"
+        head += ["", f"First divergence: {at}: {one_line(detail)}."]
     if (origin := nonfinite_origin(result)) is not None:
         said, where = nonfinite_phrase(origin)
-        at = f"{origin.op_type} `{origin.name}` (#{origin.index}), tensor `{origin.tensor}`"
+        at = f"{one_line(origin.op_type)} {code(origin.name)} (#{origin.index}), tensor "
+        at += code(origin.tensor or "")
         head += [f"{said}: {at}: {where}."]
     if rc is not None:
-        head += [f"Root cause ({rc.kind}): {rc.reason}."]
+        head += [f"Root cause ({rc.kind}): {one_line(rc.reason)}."]
         if rc.message:
             head += ["", "## What the target said", "", *fenced(rc.message)]
     tail = [

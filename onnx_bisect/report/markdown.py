@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from onnx_bisect.report.escape import cell, code, one_line, shell
 from onnx_bisect.report.format import (
     chain_line,
     curve_lines,
@@ -41,7 +42,7 @@ INPUTS_SHOWN = 10  # a dataset's worst inputs listed
 
 
 def render_markdown(result: BisectResult) -> str:
-    lines: list[str] = [f"# onnx-bisect: `{result.target.spec}` vs `{result.ref.spec}`", ""]
+    lines: list[str] = [f"# onnx-bisect: {code(result.target.spec)} vs {code(result.ref.spec)}", ""]
     lines += _summary(result)
     diagram = mermaid_lines(result)
     if diagram:
@@ -52,17 +53,18 @@ def render_markdown(result: BisectResult) -> str:
         lines += pass_markdown(result.pass_bisection)
     lines += _nodes_section(result)
     if result.command:
-        lines += ["", "**Command**", "", "```", result.command, "```"]
+        lines += ["", "**Command**", "", *fenced(result.command, info="")]
     lines += ["", "**Environment**", ""]
-    lines += [f"- reference: `{result.ref.spec}` — {result.ref.description}"]
-    lines += [f"- target: `{result.target.spec}` — {result.target.description}"]
+    lines += [f"- reference: {code(result.ref.spec)} — {one_line(result.ref.description)}"]
+    lines += [f"- target: {code(result.target.spec)} — {one_line(result.target.description)}"]
     if result.target_model:
-        lines += [f"- target model: `{result.target_model}` (reference model: `{result.model}`)"]
+        models = f"{code(result.target_model)} (reference model: {code(result.model)})"
+        lines += [f"- target model: {models}"]
     lines += [f"- transform: {t.summary()}" for t in result.transforms]
     if result.matching is not None:
         lines += [f"- {result.matching.summary()}"]
     lines += [f"- {k}: {v}" for k, v in result.versions.items()]
-    inputs = ", ".join(f"`{k}` {list(v.shape)} {v.dtype}" for k, v in result.inputs.items())
+    inputs = ", ".join(f"{code(k)} {list(v.shape)} {v.dtype}" for k, v in result.inputs.items())
     lines += [f"- inputs: {inputs} (saved in `inputs.npz`)"]
     lines += [f"- criterion: a tensor diverges where {result.criterion.describe()}"]
     if result.outputs:
@@ -70,8 +72,8 @@ def render_markdown(result: BisectResult) -> str:
         lines += ["|---|---|---|---|---|"]
     for c in result.outputs:
         lines.append(
-            f"| `{c.tensor}` | {c.state} | {c.shown('rel_l2')} | "
-            f"{c.shown('max_abs')} | {_cell(c.reason)} |"
+            f"| {cell(code(c.tensor))} | {c.state} | {c.shown('rel_l2')} | "
+            f"{c.shown('max_abs')} | {cell(c.reason)} |"
         )
     if result.task_checks:
         lines += ["", "**Task-level check** (top-k labels; informative, not part of the verdict)"]
@@ -83,30 +85,31 @@ def render_markdown(result: BisectResult) -> str:
         ]
         for t in result.task_checks:
             lines.append(
-                f"| `{t.output}` | top-{t.k} `{t.spec}` | {t.rows} | {t.top1_agreement:.2%} | "
+                f"| {cell(code(t.output))} | top-{t.k} {cell(code(t.spec))} | {t.rows} | "
+                f"{t.top1_agreement:.2%} | "
                 f"{t.topk_overlap:.2%} | {t.rows_changed} | {fmt(t.strongest_flip)} |"
             )
         flips = [(t, r) for t in result.task_checks for r in t.changed]
         if flips:
             lines += [""] + [
-                f"- `{t.output}` row {list(r.row)}: label {r.ref_label} ({fmt(r.ref_score)}) "
+                f"- {code(t.output)} row {list(r.row)}: label {r.ref_label} ({fmt(r.ref_score)}) "
                 f"→ {r.target_label} ({fmt(r.target_score)})"
                 for t, r in flips[:10]
             ]
     curve = curve_lines(result)
     if curve:
-        lines += ["", "**Error curve** (`!` = segment holds a divergent tensor)", "", "```text"]
-        lines += [*curve, "```"]
+        lines += ["", "**Error curve** (`!` = segment holds a divergent tensor)", ""]
+        lines += fenced("\n".join(curve))
     if result.repro is not None:
         r = result.repro
         state = "verified" if r.reproduces else "not verified"
-        lines += ["", f"**Repro bundle** (`{r.path}`, {state}): {r.message}"]
+        lines += ["", f"**Repro bundle** ({code(r.path)}, {state}): {one_line(r.message)}"]
     if result.not_probed:
         n = len(result.not_probed)
         were = "was" if n == 1 else "were"
         lines += ["", f"{plural(n, 'tensor')} inside subgraphs {were} not probed."]
     if result.notes:
-        lines += ["", "**Notes**", ""] + [f"- {n}" for n in result.notes]
+        lines += ["", "**Notes**", ""] + [f"- {one_line(n)}" for n in result.notes]
     runs = ", ".join(f"{k}: {v}" for k, v in result.runs.items())
     total = result.timings.get("total", 0.0)
     lines += ["", f"<sub>strategy {result.strategy}; runs {runs}; {total:.2f}s</sub>", ""]
@@ -164,11 +167,11 @@ def next_steps(result: BisectResult) -> list[str]:
     r = result.repro
     if r is not None:
         steps.append(
-            f"Reproduce it: `cd {r.path} && python repro.py` (exit 1 while it reproduces; "
-            f"`--target '{result.ref.spec}'` runs the reference for contrast)."
+            f"Reproduce it: {code(f'cd {shell(r.path)} && python repro.py')} (exit 1 while it "
+            f"reproduces; {code(target_arg(result.ref.spec))} runs the reference for contrast)."
         )
         steps.append(
-            f"Report it: `{Path(r.path) / 'issue.md'}` is the issue body; attach the "
+            f"Report it: {code(Path(r.path) / 'issue.md')} is the issue body; attach the "
             "zipped `repro/` folder and this `report.md` as files."
         )
     pb = result.pass_bisection
@@ -176,12 +179,12 @@ def next_steps(result: BisectResult) -> list[str]:
         steps.append(workaround_step(pb))
     rc = result.root_cause
     if rc is not None and rc.workaround:
-        steps.append(f"Work around it: `{target_arg(rc.workaround)}` computes at fp32.")
-    steps += [f"Work around it: {n}." for n in result.notes if "compare at fp32" in n]
-    out = f"{Path(r.path).parent}" if r is not None else "OUT"
+        steps.append(f"Work around it: {code(target_arg(rc.workaround))} computes at fp32.")
+    steps += [f"Work around it: {one_line(n)}." for n in result.notes if "compare at fp32" in n]
+    out = shell(Path(r.path).parent) if r is not None else "OUT"
     steps.append(
-        f"Look at it: `onnx-bisect view {out}` shows the accumulated and isolated errors on "
-        "the graph in Model Explorer."
+        f"Look at it: {code(f'onnx-bisect view {out}')} shows the accumulated and isolated "
+        "errors on the graph in Model Explorer."
     )
     return ["", "**Next steps**", "", *(f"{i}. {s}" for i, s in enumerate(steps, 1))]
 
@@ -199,7 +202,7 @@ def _summary(result: BisectResult) -> list[str]:
     if fd is not None and fd.accumulated is not None:
         acc = fd.accumulated
         out.append(
-            f"- **First divergence:** {node_label(fd)}, tensor `{fd.tensor}`: "
+            f"- **First divergence:** {node_label(fd)}, tensor {code(fd.tensor or '')}: "
             f"{result.criterion.key} = {acc.shown(result.criterion.key)}, "
             f"max_abs = {acc.shown('max_abs')}"
             + (f" ({acc.reason})" if acc.status.value != "diverged" else "")
@@ -211,18 +214,21 @@ def _summary(result: BisectResult) -> list[str]:
     origin = nonfinite_origin(result)
     if origin is not None:
         said, where = nonfinite_phrase(origin)
-        out.append(f"- **{said}:** {node_label(origin)}, tensor `{origin.tensor}`: {where}.")
+        tensor = code(origin.tensor or "")
+        out.append(f"- **{said}:** {node_label(origin)}, tensor {tensor}: {one_line(where)}.")
     rc = result.root_cause
     if rc is not None:
-        names = ", ".join(f"`{n}`" for n in rc.nodes)
-        out.append(f"- **Root cause ({rc.kind}):** {f'{names}. ' if names else ''}{rc.reason}")
+        names = ", ".join(code(n) for n in rc.nodes)
+        reason = one_line(rc.reason)
+        out.append(f"- **Root cause ({rc.kind}):** {f'{names}. ' if names else ''}{reason}")
         if rc.message:
             out += ["", "The target said:", "", *fenced(rc.message), ""]
-    if chain_line(result):
-        out.append(f"- **Amplification chain** (rel_l2): {chain_line(result)}")
+    if chain := chain_line(result, name=code):
+        out.append(f"- **Amplification chain** (rel_l2): {chain}")
     out.append(f"- **Strategy:** {result.strategy}")
     if result.search is not None:
-        out.append(f"- **Search:** {search_line(result)}. {result.search.reason}")
+        said = one_line(f"{search_line(result)}. {result.search.reason}")
+        out.append(f"- **Search:** {said}")
     return out
 
 
@@ -230,7 +236,7 @@ def _dataset_lines(result: BisectResult) -> list[str]:
     d = result.dataset
     if d is None:
         return []
-    return [f"- **Dataset** `{d.source}`: {line}" for line in d.lines()]
+    return [f"- **Dataset** {code(d.source)}: {one_line(line)}" for line in d.lines()]
 
 
 def _inputs_section(result: BisectResult) -> list[str]:
@@ -244,9 +250,9 @@ def _inputs_section(result: BisectResult) -> list[str]:
     lines += ["| rank | input | outputs | worst output error | sampled |", "|---|---|---|---|---|"]
     sampled = set(d.sample)
     for rank, s in enumerate(shown, 1):
-        state = f"failed: {_cell(s.failed)}" if s.failed else ("diverged" if s.diverged else "ok")
+        state = f"failed: {cell(s.failed)}" if s.failed else ("diverged" if s.diverged else "ok")
         mark = "yes" if s.label in sampled else ""
-        lines.append(f"| {rank} | `{s.label}` | {state} | {fmt(s.error)} | {mark} |")
+        lines.append(f"| {rank} | {cell(code(s.label))} | {state} | {fmt(s.error)} | {mark} |")
     return lines
 
 
@@ -262,13 +268,9 @@ def render_table(result: BisectResult, nodes: Sequence[NodeResult | None]) -> li
             rows.append("| … | | | | | | | |")
             continue
         rows.append(
-            f"| {n.index} | `{n.name}` | {n.op_type} | {n.verdict.value} | "
+            f"| {n.index} | {cell(code(n.name))} | {cell(n.op_type)} | {n.verdict.value} | "
             f"{fmt_error(n.accumulated, key)} | {fmt_error(n.isolated, key)} | "
             f"{fmt_amp(n.amplification)} | "
-            f"{f'`{n.tensor}`' if n.tensor else ''} |"
+            f"{cell(code(n.tensor)) if n.tensor else ''} |"
         )
     return rows
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")

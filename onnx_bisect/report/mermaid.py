@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from onnx_bisect.report.escape import one_line
 from onnx_bisect.text import fmt, plural
 
 if TYPE_CHECKING:
@@ -27,7 +28,8 @@ _STYLES = {
     "ok": "fill:#d1e7dd,stroke:#146c43",
     "other": "fill:#e2e3e5,stroke:#41464b",
 }
-_ESCAPES = {"&": "#amp;", '"': "#quot;", "<": "#lt;", ">": "#gt;", "#": "#35;"}
+# A backtick opens Mermaid's Markdown strings (and three would end the fenced block).
+_ESCAPES = {"&": "#amp;", '"': "#quot;", "<": "#lt;", ">": "#gt;", "#": "#35;", "`": "#96;"}
 
 
 def focus_node(result: BisectResult) -> NodeResult | None:
@@ -106,11 +108,14 @@ def _style(n: NodeResult) -> str:
 
 
 def _label(n: NodeResult, key: str, gain: float | None) -> str:
-    name = n.name if len(n.name) <= _NAME_CHARS else "…" + n.name[-(_NAME_CHARS - 1) :]
+    full = one_line(n.name)
+    name = full if len(full) <= _NAME_CHARS else "…" + full[-(_NAME_CHARS - 1) :]
     error = f"<br/>{key} {n.accumulated.shown(key)}" if n.accumulated is not None else ""
     grew = f", gain ×{fmt(gain)}" if gain is not None else ""
-    return f"{n.op_type} {_escape(name)}{error}<br/>{n.verdict.value}{grew}"
+    return f"{_escape(n.op_type)} {_escape(name)}{error}<br/>{n.verdict.value}{grew}"
 
 
 def _escape(text: str) -> str:
-    return "".join(_ESCAPES.get(c, c) for c in text)
+    """A label's text, on one line (a newline ends a Mermaid statement), with entity codes
+    for the characters a quoted label cannot hold."""
+    return "".join(_ESCAPES.get(c, c) for c in one_line(text))

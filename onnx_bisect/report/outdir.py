@@ -14,13 +14,14 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 from onnx_bisect.errors import InputError
+from onnx_bisect.report.manifest import MANIFEST, check_owned, manifest_text
 
 __all__ = [
     "STAGE_PREFIX",
@@ -29,10 +30,17 @@ __all__ = [
     "is_stage_name",
     "replace_owned",
     "staging_dir",
+    "swap_in",
 ]
 
 # Staging directories are hidden siblings: ``.NAME.onnx-bisect-XXXXXX``.
 STAGE_PREFIX = ".onnx-bisect-"
+# Directories that are never a tool's own: the file system's root and the top-level system
+# directories (``$HOME`` is added at the check, as it depends on the user).
+SHARED_DIRS = (
+    "/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/sbin", "/sys", "/usr",
+    "/var",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -46,13 +54,24 @@ class Replaced:
     kept: tuple[str, ...]
 
 
-def check_out_dir(path: Path, option: str = "--out") -> None:
+def check_out_dir(
+    path: Path,
+    option: str = "--out",
+    *,
+    owned: Collection[str] = (),
+    reads: Sequence[Path] = (),
+) -> None:
     """Raise ``InputError`` unless ``path`` is a directory, or can be made one, that we can
     write in: a file there, a file on the way to it, or no permission would otherwise surface
-    only after the whole diagnosis."""
+    only after the whole diagnosis. It must also be a directory the tool may treat as its own:
+    not ``/``, ``$HOME`` or a system directory, not the one holding a file the run reads
+    (``reads``, the model), and no name in ``owned`` (what the tool may write there) taken by
+    an entry the tool did not write (``manifest.check_owned``)."""
     path = Path(path)
     if path.is_symlink() and not path.exists():
         raise InputError(f"{option} {path}: a broken symbolic link; remove it or choose another")
+    _refuse_shared(path, option)
+    _refuse_read_files(path, option, owned, reads)
     if path.exists() and not path.is_dir():
         raise InputError(
             f"{option} {path}: is a file, not a directory; choose a directory (it is created "
@@ -79,13 +98,48 @@ def check_out_dir(path: Path, option: str = "--out") -> None:
                 f"{option} {path}: cannot write in {place} ({reason}); choose a directory "
                 "you can write to"
             ) from None
+    check_owned(path.resolve(), owned, option)
+
+
+def _refuse_shared(path: Path, option: str) -> None:
+    """``/``, ``$HOME`` and the system directories hold what is not ours to replace (as root,
+    ``--out /`` would write the reports into ``/``)."""
+    real = path.resolve()
+    home = Path(os.path.expanduser("~"))
+    if real in {home, home.resolve()}:
+        what = "your home directory"
+    elif real in {q for d in SHARED_DIRS for q in (Path(d), Path(d).resolve())}:
+        what = "the root directory" if real == Path("/") else "a system directory"
+    else:
+        return
+    raise InputError(
+        f"{option} {path}: is {what} ({real}); onnx-bisect replaces its own files in --out, so "
+        "give it a directory of its own (a new one, e.g. report)"
+    )
+
+
+def _refuse_read_files(
+    path: Path, option: str, owned: Collection[str], reads: Sequence[Path]
+) -> None:
+    """The directory holding the model is the user's; and a model inside an entry the run
+    replaces (``report/repro/model.onnx``) would be gone after the run."""
+    real = path.resolve()
+    for read in reads:
+        file = Path(read).resolve()
+        inside = [n for n in owned if file.is_relative_to(real / n)]
+        if file.parent == real or inside:
+            where = f"{path}/{inside[0]}, which this run replaces" if inside else str(path)
+            raise InputError(
+                f"{option} {path}: {read} is in {where}; choose another directory for the "
+                "output (a new one, e.g. report)"
+            )
 
 
 @contextmanager
 def staging_dir(out: Path) -> Iterator[Path]:
     """A fresh directory to write ``out``'s new files into, removed on the way out whatever
     happens (an error, Ctrl-C): whatever was not moved into ``out`` by then is dropped."""
-    out = Path(out).absolute()
+    out = Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}{STAGE_PREFIX}", dir=_stage_base(out)))
     try:
@@ -96,18 +150,33 @@ def staging_dir(out: Path) -> Iterator[Path]:
 
 def replace_owned(stage: Path, out: Path, owned: Collection[str]) -> Replaced:
     """Move every entry of ``stage`` into ``out``, after moving out the entries of ``out`` that
-    are named in ``owned`` (what the tool may write there) and are not rewritten now.
-
-    The renames run with Ctrl-C held back until they are done: they take microseconds, and
-    stopping halfway would leave two runs' files mixed.
-    """
+    the tool wrote earlier (its manifest lists them) and that are not rewritten now; a new
+    manifest lists what is written. An entry to be written whose name is taken by one the tool
+    did not write is refused (checked before the run too, by ``check_out_dir``; again here, as
+    the directory may have changed while the tool ran)."""
     shown = Path(out)
-    stage, out = Path(stage).absolute(), Path(out).absolute()
+    stage, out = Path(stage).absolute(), Path(out).resolve()
     new = sorted(p.name for p in stage.iterdir())
+    earlier = check_owned(out, {*owned, *new})
+    (stage / MANIFEST).write_text(manifest_text(new), encoding="utf-8")
+    present = (
+        sorted(p.name for p in out.iterdir() if not is_stage_name(p.name)) if out.is_dir() else []
+    )
+    old = [n for n in present if n in earlier or n in new]
+    swap_in(stage, out, old)
+    removed = tuple(n for n in old if n not in new)
+    kept = tuple(n for n in present if n not in old and n != MANIFEST)
+    return Replaced(shown, tuple(new), removed, kept)
+
+
+def swap_in(stage: Path, out: Path, old: Collection[str]) -> None:
+    """Move the entries ``old`` of ``out`` into ``stage``'s trash and every entry of ``stage``
+    into ``out``, with Ctrl-C held back until they are done: they take microseconds, and
+    stopping halfway would leave two runs' files mixed. The caller has established that
+    ``old`` is the tool's to remove."""
+    stage, out = Path(stage).absolute(), Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    ours = set(owned) | set(new)
-    present = sorted(p.name for p in out.iterdir() if not is_stage_name(p.name))
-    old = [n for n in present if n in ours]
+    new = sorted(p.name for p in stage.iterdir())
     with _interrupts_held():
         trash = Path(tempfile.mkdtemp(prefix=".old-", dir=stage))
         for name in old:
@@ -115,9 +184,6 @@ def replace_owned(stage: Path, out: Path, owned: Collection[str]) -> Replaced:
         for name in new:
             os.replace(stage / name, out / name)
     # The stage (and the old entries in it) go when ``staging_dir`` ends.
-    removed = tuple(n for n in old if n not in new)
-    kept = tuple(n for n in present if n not in ours)
-    return Replaced(shown, tuple(new), removed, kept)
 
 
 def _stage_base(out: Path) -> Path:
@@ -132,7 +198,7 @@ def _stage_base(out: Path) -> Path:
 def is_stage_name(name: str) -> bool:
     """A staging directory's name: inside ``out`` (this run's, or a killed run's), it is not
     one of ``out``'s entries."""
-    return name.startswith(".") and STAGE_PREFIX in name
+    return name.startswith(".") and STAGE_PREFIX in name and name != MANIFEST
 
 
 @contextmanager

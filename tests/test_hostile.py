@@ -1,0 +1,392 @@
+"""Hostile input: an ``--out`` that is not the tool's to replace, and names that would break a
+report.
+
+``--out`` cases: each is an exit-2 line on stderr, no traceback, and nothing the tool did not
+write is created, changed or removed (the whole tree is compared before and after). Names:
+a model whose node names hold a newline, backticks, ``<script>`` and a pipe, written into a
+directory whose path holds a space; report.md's rows stay rows, the Mermaid block stays
+statements, the page shows the names as text and the shown commands are one shell word per
+path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_bisect.cli import bisect_entry, main_entry
+from onnx_bisect.report.files import REPORT_FILES
+from onnx_bisect.report.manifest import MANIFEST, manifest_text
+from tests.browser import chromium, close, open_page
+from tests.models import FAULTY_RUNTIME, chain, make
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tree(root: Path) -> dict[str, bytes | str]:
+    """Every entry under ``root``, hidden ones too: a file's bytes, a link's target, "dir"."""
+    found: dict[str, bytes | str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            found[rel] = "-> " + os.readlink(path)
+        elif path.is_dir():
+            found[rel] = "dir"
+        else:
+            found[rel] = path.read_bytes()
+    return found
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str, main: bool = False) -> tuple[int, str]:
+    """``bisect ARGS`` (``onnx-bisect ARGS`` with ``main``) in-process: exit code, stderr."""
+    with pytest.raises(SystemExit) as exit_:
+        (main_entry if main else bisect_entry)(list(args))
+    code = exit_.value.code
+    return (code if isinstance(code, int) else 0), capsys.readouterr().err
+
+
+def refused(code: int, err: str, *words: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: --out "), err
+    for word in words:
+        assert word in err, err
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    path = tmp_path / "models" / "tiny.onnx"
+    path.parent.mkdir()
+    onnx.save(chain(2), path)
+    return path
+
+
+def user_dir(path: Path, entry: str) -> Path:
+    """``path`` holding the user's ``entry`` (a directory with a file in it, or a file)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if "." in entry:
+        (path / entry).write_text("mine\n")
+    else:
+        (path / entry).mkdir()
+        (path / entry / "mine.py").write_text("print('mine')\n")
+    return path
+
+
+# --- --out is the tool's own -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("entry", ["repro", "explorer", "report.md", "inputs.npz"])
+def test_a_name_the_tool_writes_taken_by_the_user_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, model: Path, entry: str
+) -> None:
+    out = user_dir(tmp_path / "u", entry)
+    before = tree(tmp_path)
+    code, err = cli(capsys, str(model), "--target", "cpu", "--out", str(out))
+    refused(code, err, entry, "not written by onnx-bisect", "choose another directory")
+    assert tree(tmp_path) == before
+
+
+def test_a_symlinked_out_is_resolved_first(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, model: Path
+) -> None:
+    user_dir(tmp_path / "u", "repro")
+    (tmp_path / "link").symlink_to(tmp_path / "u", target_is_directory=True)
+    before = tree(tmp_path)
+    code, err = cli(capsys, str(model), "--target", "cpu", "--out", str(tmp_path / "link"))
+    refused(code, err, "repro")
+    assert tree(tmp_path) == before
+
+
+def test_out_dot_is_checked_like_any_directory(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    model: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(user_dir(tmp_path / "u", "repro"))
+    before = tree(tmp_path)
+    refused(*cli(capsys, str(model), "--target", "cpu", "--out", "."), "repro")
+    assert tree(tmp_path) == before
+
+
+def test_the_directory_holding_the_model_is_refused(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    model: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(model.parent)
+    before = tree(tmp_path)
+    refused(*cli(capsys, "tiny.onnx", "--target", "cpu", "--out", "."), "tiny.onnx is in .")
+    refused(*cli(capsys, "tiny.onnx", "-t", "cpu", "-o", str(model.parent)), "tiny.onnx is in")
+    assert tree(tmp_path) == before
+
+
+def test_a_model_inside_an_entry_the_run_replaces_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, model: Path
+) -> None:
+    """``bisect report/repro/model.onnx --out report`` would replace the model it reads."""
+    out = tmp_path / "report"
+    (out / "repro").mkdir(parents=True)
+    (out / MANIFEST).write_text(manifest_text(["repro"]))
+    inside = out / "repro" / "model.onnx"
+    inside.write_bytes(model.read_bytes())
+    before = tree(tmp_path)
+    code, err = cli(capsys, str(inside), "--target", "cpu", "--out", str(out))
+    refused(code, err, "repro, which this run replaces")
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("where", ["/", "/etc", "/usr", "/var", "/proc"])
+def test_root_and_system_directories_are_refused(
+    capsys: pytest.CaptureFixture[str], model: Path, where: str
+) -> None:
+    before = sorted(os.listdir(where)) if where != "/proc" else None
+    code, err = cli(capsys, str(model), "--target", "cpu", "--out", where)
+    refused(code, err, "directory", "a directory of its own")
+    if before is not None:
+        assert sorted(os.listdir(where)) == before
+
+
+def test_the_home_directory_is_refused(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    model: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    before = tree(tmp_path)
+    refused(*cli(capsys, str(model), "--target", "cpu", "--out", str(home)), "home directory")
+    assert tree(tmp_path) == before
+
+
+def test_an_older_versions_output_is_refused_with_what_to_do(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, model: Path
+) -> None:
+    """Exactly the tool's names but no manifest: an output of a version before the manifest
+    and a user's files look the same, so neither is replaced."""
+    out = tmp_path / "old"
+    out.mkdir()
+    for name in ("report.md", "report.json", "inputs.npz"):
+        (out / name).write_text("old\n")
+    before = tree(tmp_path)
+    code, err = cli(capsys, str(model), "--target", "cpu", "--out", str(out))
+    refused(code, err, "inputs.npz (and 2 more)", f"there is no {MANIFEST}", "older")
+    assert tree(tmp_path) == before
+
+
+def test_a_manifest_that_is_not_ours_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, model: Path
+) -> None:
+    out = tmp_path / "u"
+    out.mkdir()
+    (out / MANIFEST).write_text('{"entries": ["../../etc"]}')
+    before = tree(tmp_path)
+    refused(*cli(capsys, str(model), "-t", "cpu", "-o", str(out)), "not an onnx-bisect manifest")
+    assert tree(tmp_path) == before
+
+
+def test_a_rerun_replaces_what_its_manifest_lists_and_nothing_else(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, model: Path
+) -> None:
+    out = tmp_path / "u"
+    code, _ = cli(capsys, str(model), "--target", "cpu", "--out", str(out), "-f", "md,csv")
+    assert code == 0
+    assert sorted(os.listdir(out)) == [MANIFEST, "inputs.npz", "nodes.csv", "report.md"]
+    (out / "notes.txt").write_text("mine\n")
+    code, _ = cli(capsys, str(model), "--target", "cpu", "--out", str(out), "-f", "json")
+    assert code == 0
+    assert sorted(os.listdir(out)) == [MANIFEST, "inputs.npz", "notes.txt", "report.json"]
+    assert (out / "notes.txt").read_text() == "mine\n"
+
+
+def test_reduce_and_dump_share_the_rules(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, model: Path
+) -> None:
+    out = user_dir(tmp_path / "u", "repro.py")
+    before = tree(tmp_path)
+    code, err = cli(capsys, "reduce", str(model), "-t", "cpu", "-o", str(out), main=True)
+    refused(code, err, "repro.py")
+    code, err = cli(capsys, "dump", str(model), "-b", "cpu", "-o", str(model.parent), main=True)
+    refused(code, err, "tiny.onnx is in")
+    code, err = cli(capsys, "dump", str(model), "-b", "cpu", "-o", "/", main=True)
+    refused(code, err, "the root directory")
+    assert tree(tmp_path) == before
+
+
+def test_the_console_script_refuses_in_one_line(tmp_path: Path, model: Path) -> None:
+    """The tester's case, as typed: a real process, its stderr and exit code."""
+    out = user_dir(tmp_path / "u", "repro")
+    before = tree(tmp_path)
+    script = Path(sys.executable).parent / "bisect"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [str(script), str(model), "--target", "cpu", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    refused(done.returncode, done.stderr, "repro")
+    assert done.stdout == ""
+    assert tree(tmp_path) == before
+
+
+# --- text that cannot break a report -----------------------------------------------------
+
+NAMES = [
+    "split\nline",
+    "tick`name",
+    "fault",
+    "<script>window.__hit=1</script>",
+    "pi|pe",
+    "```fence",
+    "mm3",
+    "act3",
+]
+
+
+def hostile_model() -> onnx.ModelProto:
+    """``chain(4)`` with hostile node names; ``fault`` is the node made wrong."""
+    rng = np.random.default_rng(0)
+    nodes, inits, prev = [], [], "x"
+    for i in range(4):
+        w = (rng.standard_normal((8, 8)) / np.sqrt(8)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"W{i}"))
+        hidden, out = f"h{i}", ("y" if i == 3 else f"a|{i}")
+        nodes.append(helper.make_node("MatMul", [prev, f"W{i}"], [hidden], name=NAMES[2 * i]))
+        nodes.append(helper.make_node("Tanh", [hidden], [out], name=NAMES[2 * i + 1]))
+        prev = out
+    return make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        inits,
+    )
+
+
+@pytest.fixture(scope="module")
+def hostile_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("hostile")
+    model = tmp / "hostile.onnx"
+    onnx.save(hostile_model(), model)
+    cmd = [sys.executable, str(FAULTY_RUNTIME), "{model}", "{inputs}", "{outputs}"]
+    target = "exec:" + shlex.join([*cmd, "--fault", "fault=0.05"])
+    out = tmp / "my out"
+    with pytest.raises(SystemExit) as exit_:
+        bisect_entry([str(model), "--target", target, "--out", str(out), "-q"])
+    assert exit_.value.code == 1
+    return out
+
+
+def _unescaped_pipes(row: str) -> int:
+    return len(re.findall(r"(?<!\\)\|", row))
+
+
+def test_markdown_table_rows_stay_rows(hostile_out: Path) -> None:
+    text = (hostile_out / "report.md").read_text()
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("| # | node |"))
+    rows = []
+    for line in lines[head + 2 :]:
+        if not line.strip():
+            break
+        rows.append(line)
+    assert len(rows) == len(NAMES)
+    assert all(_unescaped_pipes(r) == _unescaped_pipes(lines[head]) for r in rows), rows
+    assert rows[0].startswith("| 0 | `split\\nline` | MatMul |")
+    assert rows[1].startswith("| 1 | `` tick`name `` | Tanh |")
+    assert rows[4].startswith("| 4 | `pi\\|pe` | MatMul |")
+    assert rows[5].startswith("| 5 | ```` ```fence ```` | Tanh |")
+    # Each hostile name appears in no raw form anywhere: no line of it starts a new line.
+    assert "\nline" not in text
+
+
+def test_mermaid_block_holds_only_statements(hostile_out: Path) -> None:
+    text = (hostile_out / "report.md").read_text()
+    block = text.split("```mermaid\n", 1)[1].split("\n```\n", 1)[0].splitlines()
+    statement = re.compile(
+        r'flowchart LR|  n\d+\["[^"`<>]*"\]|  n\d+ --> n\d+|  n\d+ -\.->(\|"[^"]*"\|)? n\d+'
+        r"|  classDef \w+ [\w:#,.-]+|  class [n\d,]+ \w+"
+    )
+    labels = [s.replace("<br/>", "") for s in block]
+    for line in labels:
+        assert statement.fullmatch(line), line
+    assert any("#lt;script#gt;" in line for line in block)
+    assert any("tick#96;name" in line for line in block)
+
+
+def test_next_steps_quote_paths_with_spaces(hostile_out: Path) -> None:
+    text = (hostile_out / "report.md").read_text()
+    repro = hostile_out / "repro"
+    cd = re.search(r"Reproduce it: `([^`]*)`", text)
+    assert cd is not None
+    assert shlex.split(cd.group(1)) == ["cd", str(repro), "&&", "python", "repro.py"]
+    view = re.search(r"Look at it: `([^`]*)`", text)
+    assert view is not None and shlex.split(view.group(1)) == [
+        "onnx-bisect",
+        "view",
+        str(hostile_out),
+    ]
+    readme = (repro / "README.md").read_text()
+    found = readme.split("## Found with\n\n", 1)[1].split("\n", 1)[1].split("\n```", 1)[0]
+    argv = shlex.split(found)
+    assert argv[argv.index("--out") + 1] == str(hostile_out)
+
+
+def test_repro_docs_keep_names_in_code_spans(hostile_out: Path) -> None:
+    issue = (hostile_out / "repro" / "issue.md").read_text()
+    assert issue.startswith("# `exec:")
+    title = issue.splitlines()[0]
+    assert title.endswith("at `fault` (culprit)")
+    head = next(i for i, s in enumerate(issue.splitlines()) if s.startswith("| # | node |"))
+    rows = issue.splitlines()[head + 2 :]
+    rows = rows[: next((i for i, r in enumerate(rows) if not r.strip()), len(rows))]
+    assert rows and all(_unescaped_pipes(r) == 9 for r in rows), rows
+
+
+def test_the_page_shows_names_as_text(hostile_out: Path) -> None:
+    page_text = (hostile_out / "report.html").read_text()
+    assert "<script>window.__hit" not in page_text
+    assert "&lt;script&gt;window.__hit=1&lt;/script&gt;" in page_text
+    browser = chromium()
+    if browser is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    page = open_page(browser, (hostile_out / "report.html").as_uri())
+    try:
+        assert page.evaluate("document.body.dataset.ready") == "1"
+        assert page.evaluate("window.__hit === undefined")
+        names = page.evaluate(
+            "[...document.querySelectorAll('#nodes tbody tr')].map(r => r.dataset.name)"
+        )
+        assert names == NAMES
+        assert "<script>window.__hit=1</script>" in page.evaluate("document.body.innerText")
+    finally:
+        close(page)
+
+
+def test_every_report_file_is_named_in_the_manifest(hostile_out: Path) -> None:
+    listed = set(json_entries(hostile_out))
+    assert listed == {p.name for p in hostile_out.iterdir()} - {MANIFEST}
+    assert listed <= set(REPORT_FILES)
+
+
+def json_entries(out: Path) -> list[str]:
+    import json
+
+    body = json.loads((out / MANIFEST).read_text())
+    assert body["tool"] == "onnx-bisect" and body["version"]
+    entries: list[str] = body["entries"]
+    return entries
