@@ -115,7 +115,9 @@ def _connect(ray: Any, address: str, jobs: int) -> bool:
         )
         return True
     _check_reachable(address)
-    package = Path(__file__).resolve().parents[1]
+    # The top package's folder, wherever this module sits in it (a fixed parents[N] sent
+    # onnx_bisect/engine/ alone once the engine grew rooms).
+    package = Path(sys.modules[__name__.partition(".")[0]].__file__ or "").resolve().parent
     try:
         ray.init(
             address=address,
