@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import subprocess
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +13,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from onnx_bisect.engine.oracle import child as oracle_child  # noqa: E402
-from tests.oracle_pool import OraclePool  # noqa: E402
+from tests import oracle_zygote  # noqa: E402
 
 
 @pytest.fixture
@@ -21,21 +23,25 @@ def py() -> str:
 
 
 @pytest.fixture(scope="session")
-def oracle_pool() -> Iterator[OraclePool]:
-    pool = OraclePool()
-    yield pool
-    pool.close()
+def zygote() -> Iterator[oracle_zygote.Zygote | None]:
+    if not oracle_zygote.supported():
+        yield None
+        return
+    z = oracle_zygote.Zygote()
+    yield z
+    z.close()
 
 
 @pytest.fixture(autouse=True)
-def _reused_oracle(
-    request: pytest.FixtureRequest, oracle_pool: OraclePool, monkeypatch: pytest.MonkeyPatch
+def _forked_oracle(
+    request: pytest.FixtureRequest,
+    zygote: oracle_zygote.Zygote | None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """In-process diagnoses share this worker's float64 oracle processes (tests/oracle_pool.py
-    says why and what that leaves out); ``fresh_oracle`` tests get the product's own, with no
-    pooled child alive beside them."""
-    if request.node.get_closest_marker("fresh_oracle") is not None:
-        oracle_pool.close()
+    """In-process diagnoses get float64 oracle processes forked from one that imported torch
+    once (tests/oracle_zygote.py says why and what that leaves out); ``fresh_oracle`` tests get
+    the product's own ``python -m``."""
+    if zygote is None or request.node.get_closest_marker("fresh_oracle") is not None:
         return
-    monkeypatch.setattr(oracle_child, "take_child", oracle_pool.take)
-    monkeypatch.setattr(oracle_child, "prewarm", oracle_pool.prewarm)
+    shim = types.SimpleNamespace(Popen=zygote.popen, PIPE=subprocess.PIPE)
+    monkeypatch.setattr(oracle_child, "subprocess", shim)
