@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import subprocess
 import sys
+import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,8 +12,36 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from onnx_bisect.engine.oracle import child as oracle_child  # noqa: E402
+from tests import oracle_zygote  # noqa: E402
+
 
 @pytest.fixture
 def py() -> str:
     """The interpreter running the tests (the project's venv), for exec: commands."""
     return sys.executable
+
+
+@pytest.fixture(scope="session")
+def zygote() -> Iterator[oracle_zygote.Zygote | None]:
+    if not oracle_zygote.supported():
+        yield None
+        return
+    z = oracle_zygote.Zygote()
+    yield z
+    z.close()
+
+
+@pytest.fixture(autouse=True)
+def _forked_oracle(
+    request: pytest.FixtureRequest,
+    zygote: oracle_zygote.Zygote | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In-process diagnoses get float64 oracle processes forked from one that imported torch
+    once (tests/oracle_zygote.py says why and what that leaves out); ``fresh_oracle`` tests get
+    the product's own ``python -m``."""
+    if zygote is None or request.node.get_closest_marker("fresh_oracle") is not None:
+        return
+    shim = types.SimpleNamespace(Popen=zygote.popen, PIPE=subprocess.PIPE)
+    monkeypatch.setattr(oracle_child, "subprocess", shim)

@@ -10,6 +10,10 @@ Conventions (what a docs author writes):
   continues it). The lines up to the next ``$ `` are its expected stdout+stderr, matched like a
   doctest with ELLIPSIS and NORMALIZE_WHITESPACE (``...`` matches anything); no lines, no check.
   A command must exit 0 unless the next command is ``$ echo $?`` followed by the expected code.
+  (How the test runs a command, not what the author writes: a ``bisect`` or ``onnx-bisect``
+  line that uses no shell feature runs its console script's function in the test's process, as
+  the script would, see ``run_script``; the first such line of each script in each document,
+  and every line with a shell feature, runs in bash.)
 - ```pycon blocks run as doctests (ELLIPSIS, NORMALIZE_WHITESPACE).
 - ```python blocks are executed; one whose first line is ``# file: NAME`` is written to NAME in
   the working directory instead (which is on sys.path, so later blocks can import it).
@@ -26,16 +30,23 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import doctest
+import importlib
 import importlib.util
+import io
 import json
+import logging
 import os
 import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import tomllib
-from collections.abc import Callable
+import traceback
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,11 +161,159 @@ def parse_console(text: str) -> list[tuple[str, str]]:
     return [(cmd, "\n".join(out).strip("\n") + "\n" if any(out) else "") for cmd, out in steps]
 
 
+# --- console commands run in this process ---------------------------------------------------
+# A ``bisect`` line in bash pays an interpreter's start and the imports of onnxruntime, onnx,
+# pandas and typer (about a second of CPU) before it does anything; the docs have about 70.
+# One that uses no shell feature runs here instead, through the very function its console
+# script calls, with the command's environment, working directory, argv, fresh logging and
+# warning filters, and stdout, stderr and the file descriptors 1 and 2 caught together.
+
+# Outside quotes: pipes, lists, redirections, subshells, expansions, globs, comments, escapes.
+_SHELL_OUTSIDE_QUOTES = frozenset("|&;<>()$`*?[]{}~#!\\")
+_SHELL_IN_DOUBLE_QUOTES = frozenset("$`\\!")
+_PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+SCRIPTS: dict[str, str] = _PROJECT["scripts"]  # console script -> "module:function"
+
+
+def script_argv(cmd: str) -> list[str] | None:
+    """``[script, *args]`` for a command line that only runs a console script of ours with
+    literal words (quoted or not); None where bash would do more than split the line."""
+    quote = ""
+    for ch in cmd:
+        if quote == "'":
+            quote = "" if ch == "'" else quote
+        elif quote == '"':
+            if ch in _SHELL_IN_DOUBLE_QUOTES:
+                return None
+            quote = "" if ch == '"' else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in _SHELL_OUTSIDE_QUOTES:
+            return None
+    if quote:
+        return None
+    words = shlex.split(cmd)
+    return words if words and words[0] in SCRIPTS else None
+
+
+def _bash_first(doc: str) -> set[tuple[int, int]]:
+    """(block line, command index) of the first line of each console script in ``doc``: those
+    stay in bash, so every document shows its real commands working as written."""
+    first: dict[str, tuple[int, int]] = {}
+    for block in runnable_blocks(doc):
+        if block.lang == "console":
+            for k, (cmd, _) in enumerate(parse_console(block.text)):
+                words = cmd.split()
+                if words and words[0] in SCRIPTS:
+                    first.setdefault(words[0], (block.line, k))
+    return set(first.values())
+
+
+# Python's own filters in a fresh interpreter (no -W, no PYTHONWARNINGS), first match wins.
+_FRESH_FILTERS = (
+    ("default", DeprecationWarning, "__main__"),
+    ("ignore", DeprecationWarning, ""),
+    ("ignore", PendingDeprecationWarning, ""),
+    ("ignore", ImportWarning, ""),
+    ("ignore", ResourceWarning, ""),
+)
+
+
+def _show_on_stderr(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+@contextlib.contextmanager
+def _fds_to(path: Path) -> Iterator[None]:
+    """File descriptors 1 and 2 (a runtime's C++ logging, children that inherit them) to
+    ``path`` meanwhile."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with path.open("wb") as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+
+
+def run_script(argv: list[str], env: Mapping[str, str]) -> tuple[int, str]:
+    """Run ``argv`` (a console script of ours and its arguments) in this process as the script
+    would run in its own: its entry point called with ``sys.argv`` set, ``os.environ`` =
+    ``env``, the root logger without handlers, Python's default warning filters; the exit code
+    (a traceback and 1 for an exception), and stdout and stderr together, then whatever
+    reached the file descriptors 1 and 2 (in its own process it would be in order with the
+    rest, so a doc must not show a command's C++ logging between its Python lines)."""
+    module, _, func = SCRIPTS[argv[0]].partition(":")
+    entry = getattr(importlib.import_module(module), func)
+    text = io.StringIO()
+    root = logging.getLogger()
+    saved_env, saved_argv = dict(os.environ), sys.argv
+    saved_handlers, saved_level = root.handlers[:], root.level
+    with tempfile.TemporaryDirectory() as tmp:
+        fd_text = Path(tmp) / "fds"
+        try:
+            os.environ.clear()
+            os.environ.update(env)
+            sys.argv = [str(BIN / argv[0]), *argv[1:]]
+            root.handlers.clear()
+            root.setLevel(logging.WARNING)
+            with (
+                warnings.catch_warnings(),
+                _fds_to(fd_text),
+                contextlib.redirect_stdout(text),
+                contextlib.redirect_stderr(text),
+            ):
+                warnings.resetwarnings()
+                for action, category, module_re in reversed(_FRESH_FILTERS):
+                    warnings.filterwarnings(action, category=category, module=module_re)
+                warnings.showwarning = _show_on_stderr
+                try:
+                    entry()
+                    code = 0
+                except SystemExit as exc:
+                    code = _exit_status(exc.code)
+                except Exception:
+                    traceback.print_exc()
+                    code = 1
+        finally:
+            os.environ.clear()
+            os.environ.update(saved_env)
+            sys.argv = saved_argv
+            root.handlers[:] = saved_handlers
+            root.setLevel(saved_level)
+        return code, text.getvalue() + fd_text.read_text(errors="replace")
+
+
+def _exit_status(code: object) -> int:
+    """What ``sys.exit(code)`` leaves as the process's status (a message goes to stderr)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
 class Session:
     """One document's working directory, environment and Python namespace."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
+        # (block line, command index) of lines that run in bash though they need not
+        self.bash_first: set[tuple[int, int]] = set()
         (workdir / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
         self.env = {k: v for k, v in os.environ.items() if k not in _TERMINAL_ENV}
         self.env["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -180,29 +339,36 @@ class Session:
                     f"{block.where}: `{last[0]}` exited {last[1]}, the doc says {want.strip()}"
                 )
                 continue
-            proc = subprocess.run(
-                cmd,
-                shell=True,
-                executable="/bin/bash",
-                cwd=self.workdir,
-                env=self.env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                timeout=300,
-            )
-            got = proc.stdout
+            argv = None if (block.line, k) in self.bash_first else script_argv(cmd)
+            if argv is None:
+                returncode, got = self._bash(cmd)
+            else:
+                returncode, got = run_script(argv, self.env)
             if want and not self.checker.check_output(want, got, FLAGS):
                 raise AssertionError(
                     f"{block.where}: output of `{cmd}` differs\n--- doc\n{want}--- actual\n{got}"
                 )
             checked = k + 1 < len(steps) and steps[k + 1][0].strip() == "echo $?"
             if not checked:
-                assert proc.returncode == 0, (
-                    f"{block.where}: `{cmd}` exited {proc.returncode} (the doc expects 0; add "
+                assert returncode == 0, (
+                    f"{block.where}: `{cmd}` exited {returncode} (the doc expects 0; add "
                     f"`$ echo $?` to expect another code)\n{got}"
                 )
-            last = (cmd, proc.returncode)
+            last = (cmd, returncode)
+
+    def _bash(self, cmd: str) -> tuple[int, str]:
+        proc = subprocess.run(
+            cmd,
+            shell=True,
+            executable="/bin/bash",
+            cwd=self.workdir,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=300,
+        )
+        return proc.returncode, proc.stdout
 
     def _pycon(self, block: Block) -> None:
         parser = doctest.DocTestParser()
@@ -397,6 +563,7 @@ def runnable_blocks(doc: str) -> list[Block]:
 
 
 DOC_GROUPS = [g for doc in GUIDE_DOCS for g in group_blocks(doc, runnable_blocks(doc))]
+BASH_FIRST = {doc: _bash_first(doc) for doc in GUIDE_DOCS}
 
 
 @pytest.fixture
@@ -413,6 +580,7 @@ def session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Session:
 
 @pytest.mark.parametrize("group", DOC_GROUPS, ids=lambda g: g.id)
 def test_doc_examples_run(group: DocGroup, session: Session) -> None:
+    session.bash_first = BASH_FIRST.get(group.doc, set())
     skipped: dict[int, str] = {}
     for k, block in enumerate(group.blocks):
         if block.requires is not None:
@@ -510,6 +678,86 @@ def test_console_parser_reads_commands_outputs_and_exit_codes() -> None:
         ("echo $?", "1\n"),
         ("ls", ""),
     ]
+
+
+def test_only_plain_lines_of_our_scripts_run_in_process() -> None:
+    plain = {
+        "bisect m.onnx --target cpu": ["bisect", "m.onnx", "--target", "cpu"],
+        "onnx-bisect backends": ["onnx-bisect", "backends"],
+        'bisect m.onnx --target "cpu?opt=disable" --out r': [
+            "bisect", "m.onnx", "--target", "cpu?opt=disable", "--out", "r",
+        ],
+        "bisect m.onnx -t 'exec:python rt.py {model} {inputs} {outputs} --x=$1'": [
+            "bisect", "m.onnx", "-t", "exec:python rt.py {model} {inputs} {outputs} --x=$1",
+        ],
+    }  # fmt: skip
+    for cmd, argv in plain.items():
+        assert script_argv(cmd) == argv, cmd
+    shell = [
+        "bisect m.onnx --target cpu | tail -n 2",
+        "bisect m.onnx --target cpu > out.txt",
+        "bisect m.onnx --target cpu && ls",
+        "bisect m.onnx --target cpu; echo $?",
+        "X=1 bisect m.onnx --target cpu",
+        'bisect "$MODEL" --target cpu',
+        "bisect m.onnx --target cpu?opt=disable",  # an unquoted glob
+        "bisect *.onnx --target cpu",
+        "bisect ~/m.onnx --target cpu",
+        "bisect m.onnx --target cpu # a comment",
+        "bisect m.onnx --target 'cpu",  # unbalanced: bash's own error
+        "python -m onnx_bisect m.onnx",
+        "echo bisect",
+    ]
+    for cmd in shell:
+        assert script_argv(cmd) is None, cmd
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        "bisect missing.onnx --target cpu --threshold 1e-3",
+        "bisect examples/models/yolo_like.onnx --threshold 1e-3",  # typer's usage error
+        "bisect --version",
+        "onnx-bisect",
+    ],
+)
+def test_a_line_run_in_process_is_what_bash_gives(cmd: str, session: Session) -> None:
+    argv = script_argv(cmd)
+    assert argv is not None
+    assert run_script(argv, session.env) == session._bash(cmd)
+
+
+def test_plain_lines_run_in_process_and_are_checked(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    in_bash: list[str] = []
+    bash = session._bash
+
+    def recorded(cmd: str) -> tuple[int, str]:
+        in_bash.append(cmd)
+        return bash(cmd)
+
+    monkeypatch.setattr(session, "_bash", recorded)
+    fence, miss = "```", "bisect missing.onnx --target cpu --threshold 1e-3"
+    error = "error: model file not found: missing.onnx"
+    good = f"{fence}console\n$ {miss}\n{error}...\n$ echo $?\n2\n$ {miss} | cat\n{error}...\n"
+    (block,) = parse_blocks(_doc(session.workdir, good + f"$ echo $?\n0\n{fence}\n"))
+    session.run(block)
+    assert in_bash == [f"{miss} | cat"]
+    (block,) = parse_blocks(_doc(session.workdir, f"{fence}console\n$ {miss}\n{fence}\n"))
+    with pytest.raises(AssertionError, match="exited 2 "):
+        session.run(block)
+    wrong = f"{fence}console\n$ {miss}\nerror: all is well\n$ echo $?\n2\n{fence}\n"
+    (block,) = parse_blocks(_doc(session.workdir, wrong))
+    with pytest.raises(AssertionError, match="differs"):
+        session.run(block)
+    assert in_bash == [f"{miss} | cat"]
+
+
+def _doc(workdir: Path, text: str) -> Path:
+    path = workdir / "doc.md"
+    path.write_text(text)
+    return path
 
 
 def test_docs_use_only_known_fences() -> None:

@@ -19,6 +19,7 @@ from onnx_bisect.options import BisectOptions
 from tests.models import YOLO
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.fresh_oracle  # the child's own life: started, used once, closed
 
 
 @pytest.mark.parametrize(
