@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test test-fast lint typecheck pytest bench bench-scale bench-memory models clean
+.PHONY: demo test test-slow test-all lint typecheck pytest bench bench-scale bench-memory models clean
 
 $(VENV)/pyvenv.cfg:
 	$(PYTHON) -m venv $(VENV)
@@ -41,15 +41,20 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 # pytest exits 5 when it collects nothing; that is not a failure of the code under test.
-# One worker per core, a test file per worker (files share models and directories): on 2 cores
-# the suite takes 157 s instead of 193 s.
+# One worker per core, a test file per worker (files share models and directories).
+# Two lanes: `make test` runs every test but the slow ones (each over ~5 s: marked
+# @pytest.mark.slow or listed in tests/slow_tests.txt), `make test-slow` those; CI runs both.
 PYTEST := $(BIN)/python -m pytest -q -n auto --dist loadfile
+NO_TESTS_OK = rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 test: lint
-	$(PYTEST); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+	$(PYTEST) -m "not slow"; $(NO_TESTS_OK)
 
-# The same without the tests marked slow (each takes more than ~5 s).
-test-fast: lint
-	$(PYTEST) -m "not slow"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+test-slow: $(STAMP)
+	$(PYTEST) -m slow; $(NO_TESTS_OK)
+
+# Both lanes in one pytest call.
+test-all: lint
+	$(PYTEST); $(NO_TESTS_OK)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_yolo.py

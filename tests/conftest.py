@@ -45,3 +45,21 @@ def _forked_oracle(
         return
     shim = types.SimpleNamespace(Popen=zygote.popen, PIPE=subprocess.PIPE)
     monkeypatch.setattr(oracle_child, "subprocess", shim)
+
+
+SLOW_LIST = Path(__file__).with_name("slow_tests.txt")
+
+
+def slow_listed() -> set[str]:
+    """Test ids listed in slow_tests.txt (a parametrized test's id may be listed whole, without
+    its parameters)."""
+    lines = SLOW_LIST.read_text().splitlines()
+    return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow lane: tests listed in slow_tests.txt get the ``slow`` mark, as if decorated."""
+    listed = slow_listed()
+    for item in items:
+        if item.nodeid in listed or item.nodeid.split("[", 1)[0] in listed:
+            item.add_marker(pytest.mark.slow)
