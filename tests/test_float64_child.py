@@ -102,7 +102,10 @@ def test_the_console_script_prewarms_and_uses_the_child(
         bisect_entry([str(YOLO), "-t", "cpu?opt=disable", "-o", str(out), "-q"])
     assert exit_.value.code == 0
     assert len(taken) == 1
-    assert taken[0]._proc.poll() is not None  # closed after its one job
+    # Closed after its one job: joined, or (outputs that agree settle the diagnosis without
+    # the oracle) killed by its cancel hook, which on busy cores can land a moment after the
+    # command returns.
+    assert taken[0]._proc.wait(timeout=60) is not None
     assert oracle_child._prewarmed is None
 
 
