@@ -14,6 +14,9 @@ if str(ROOT) not in sys.path:
 
 from onnx_bisect.engine.oracle import child as oracle_child  # noqa: E402
 from tests import oracle_zygote  # noqa: E402
+from tests.blas import limit_blas_threads  # noqa: E402
+
+limit_blas_threads(1)  # one worker per core already: tests/blas.py says what more threads cost
 
 
 @pytest.fixture

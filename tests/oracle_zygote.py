@@ -12,8 +12,9 @@ product's ``OracleChild`` drives it unchanged through ``ZygotePopen``, which has
 ``returncode`` (the zygote reaps the fork and sends its wait status).
 
 So each diagnosis still gets a fresh process of its own, killed when the diagnosis is
-cancelled; what differs is that it starts with torch imported and that its parent is the
-zygote, not the test worker. tests/test_float64_child.py (the child's own start) and tests
+cancelled; what differs is that it starts with torch imported, that numpy's BLAS runs one
+thread in it as in the test workers (tests/blas.py), and that its parent is the zygote, not
+the test worker. tests/test_float64_child.py (the child's own start) and tests
 marked ``fresh_oracle`` run the product's ``python -m``; console-script subprocesses always
 start their own.
 
@@ -173,7 +174,9 @@ def _serve(address: str) -> None:
     import onnx_bisect.backends.torch.interpreter  # noqa: F401
     import onnx_bisect.engine.oracle.child  # noqa: F401
     import onnx_bisect.engine.oracle.job  # noqa: F401
+    from tests.blas import limit_blas_threads
 
+    limit_blas_threads(1)  # as in the test workers (tests/blas.py): the forks inherit it
     gc.freeze()  # a fork's collections then leave these objects', and so their pages', alone
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
