@@ -249,10 +249,11 @@ def _fds_to(path: Path) -> Iterator[None]:
             os.close(fd)
 
 
-def run_script(argv: list[str], env: Mapping[str, str]) -> tuple[int, str]:
+def run_script(argv: list[str], env: Mapping[str, str], cwd: Path) -> tuple[int, str]:
     """Run ``argv`` (a console script of ours and its arguments) in this process as the script
     would run in its own: its entry point called with ``sys.argv`` set, ``os.environ`` =
-    ``env``, the root logger without handlers, Python's default warning filters; the exit code
+    ``env``, in ``cwd``, the root logger without handlers, Python's default warning filters;
+    the exit code
     (a traceback and 1 for an exception), and stdout and stderr together, then whatever
     reached the file descriptors 1 and 2 (in its own process it would be in order with the
     rest, so a doc must not show a command's C++ logging between its Python lines)."""
@@ -260,11 +261,12 @@ def run_script(argv: list[str], env: Mapping[str, str]) -> tuple[int, str]:
     entry = getattr(importlib.import_module(module), func)
     text = io.StringIO()
     root = logging.getLogger()
-    saved_env, saved_argv = dict(os.environ), sys.argv
+    saved_env, saved_argv, saved_cwd = dict(os.environ), sys.argv, os.getcwd()
     saved_handlers, saved_level = root.handlers[:], root.level
     with tempfile.TemporaryDirectory() as tmp:
         fd_text = Path(tmp) / "fds"
         try:
+            os.chdir(cwd)
             os.environ.clear()
             os.environ.update(env)
             sys.argv = [str(BIN / argv[0]), *argv[1:]]
@@ -289,6 +291,7 @@ def run_script(argv: list[str], env: Mapping[str, str]) -> tuple[int, str]:
                     traceback.print_exc()
                     code = 1
         finally:
+            os.chdir(saved_cwd)
             os.environ.clear()
             os.environ.update(saved_env)
             sys.argv = saved_argv
@@ -343,7 +346,7 @@ class Session:
             if argv is None:
                 returncode, got = self._bash(cmd)
             else:
-                returncode, got = run_script(argv, self.env)
+                returncode, got = run_script(argv, self.env, self.workdir)
             if want and not self.checker.check_output(want, got, FLAGS):
                 raise AssertionError(
                     f"{block.where}: output of `{cmd}` differs\n--- doc\n{want}--- actual\n{got}"
@@ -724,7 +727,7 @@ def test_only_plain_lines_of_our_scripts_run_in_process() -> None:
 def test_a_line_run_in_process_is_what_bash_gives(cmd: str, session: Session) -> None:
     argv = script_argv(cmd)
     assert argv is not None
-    assert run_script(argv, session.env) == session._bash(cmd)
+    assert run_script(argv, session.env, session.workdir) == session._bash(cmd)
 
 
 def test_plain_lines_run_in_process_and_are_checked(
