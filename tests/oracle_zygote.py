@@ -18,8 +18,8 @@ the test worker. tests/test_float64_child.py (the child's own start) and tests
 marked ``fresh_oracle`` run the product's ``python -m``; console-script subprocesses always
 start their own.
 
-Linux only (``socket.send_fds``, and fork after importing torch is safe there while no torch
-op has run); elsewhere the product's own processes run.
+Linux only (``socket.send_fds``, ``os.pidfd_open``, and fork after importing torch is safe
+there while no torch op has run); elsewhere the product's own processes run.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import traceback
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -52,6 +53,7 @@ def supported() -> bool:
     return (
         sys.platform == "linux"
         and hasattr(socket, "send_fds")
+        and hasattr(os, "pidfd_open")
         and importlib.util.find_spec("torch") is not None
     )
 
@@ -116,11 +118,17 @@ class Zygote:
 
 
 class ZygotePopen:
-    """A forked oracle process, as ``subprocess.Popen(..., stdin=stdout=stderr=PIPE)``."""
+    """A forked oracle process, as ``subprocess.Popen(..., stdin=stdout=stderr=PIPE)``.
+
+    Safe across threads as ``Popen`` is (the product kills from one thread while another
+    waits): one thread reads the exit status at a time, and ``poll`` does not wait for it.
+    The kill goes through a pidfd, so it can only reach this process, even after the zygote
+    has reaped it and its pid is free again."""
 
     def __init__(self, address: str, args: list[str], env: Mapping[str, str]) -> None:
         self.args = args
         self.returncode: int | None = None
+        self._lock = threading.Lock()
         ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr: (read, write)
         theirs = [ends[0][0], ends[1][1], ends[2][1]]
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -134,19 +142,32 @@ class ZygotePopen:
                 os.close(fd)
         self._replies = self._conn.makefile("rb")
         self.pid = int(self._replies.readline())
+        # The fork lives until its stdin (ours) closes or it is killed: it is not reaped yet.
+        # Open as long as this object is, so that a kill racing the wait never meets a reused fd.
+        self._pidfd = os.pidfd_open(self.pid)
+        weakref.finalize(self, os.close, self._pidfd)
         self.stdin: IO[bytes] = os.fdopen(ends[0][1], "wb")
         self.stdout: IO[bytes] = os.fdopen(ends[1][0], "rb")
         self.stderr: IO[bytes] = os.fdopen(ends[2][0], "rb")
 
     def _reaped(self, timeout: float | None) -> bool:
-        if self.returncode is None:
+        """Whether the exit status is in; waits up to ``timeout`` (None: for ever)."""
+        if self.returncode is not None:
+            return True
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            return False  # another thread is reading it
+        try:
+            if self.returncode is not None:
+                return True
             if timeout is not None and not select.select([self._conn], [], [], timeout)[0]:
                 return False
-            line = self._replies.readline()
+            line = self._replies.readline()  # the zygote's waitpid status, once it has reaped
             self.returncode = os.waitstatus_to_exitcode(int(line)) if line else -signal.SIGKILL
             self._replies.close()
             self._conn.close()
-        return True
+            return True
+        finally:
+            self._lock.release()
 
     def poll(self) -> int | None:
         self._reaped(0)
@@ -159,9 +180,9 @@ class ZygotePopen:
         return self.returncode
 
     def kill(self) -> None:
-        if self.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
+        if self.poll() is None:  # None too while another thread waits: that one is unblocked
+            with contextlib.suppress(ProcessLookupError):  # it has just ended
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
 
 
 # --- the zygote ----------------------------------------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import threading
+import time
 import types
 from pathlib import Path
 
@@ -70,3 +72,21 @@ def test_a_forked_oracle_is_a_process_of_its_own_that_a_kill_ends(
     for proc in (first, second):
         proc.stdout.close()
         proc.stderr.close()
+
+
+def test_a_kill_from_another_thread_ends_a_wait(zygote: oracle_zygote.Zygote) -> None:
+    """As a cancelled diagnosis does: one thread waits on the process, another kills it."""
+    args = ["python", "-m", oracle_zygote.CHILD_MODULE]
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    proc = zygote.popen(args, start_new_session=True, **pipes)
+    waited: list[int] = []
+    waiter = threading.Thread(target=lambda: waited.append(proc.wait()))
+    waiter.start()
+    time.sleep(0.2)  # the waiter is reading the exit status now
+    assert proc.poll() is None  # and poll does not wait for it
+    proc.kill()
+    waiter.join(timeout=30)
+    assert waited == [-signal.SIGKILL] and proc.returncode == -signal.SIGKILL
+    proc.kill()  # an ended process: nothing to signal, no error
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        pipe.close()
