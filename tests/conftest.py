@@ -60,9 +60,24 @@ def slow_listed() -> set[str]:
     return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
 
 
+def unlisted(listed: set[str], ids: set[str]) -> list[str]:
+    """The listed ids that name none of the collected ``ids`` (nor their functions)."""
+    functions = {i.split("[", 1)[0] for i in ids}
+    return sorted(t for t in listed if t not in ids and t not in functions)
+
+
+# What this session's collection says of slow_tests.txt, when it collected every test there is
+# (``pytest`` or ``pytest tests``, with any -m or -k: they deselect later): the listed ids that
+# name no test. test_slow_lane.py reads it instead of collecting the suite once more.
+SLOW_LIST_CHECK = pytest.StashKey[list[str]]()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The slow lane: tests listed in slow_tests.txt get the ``slow`` mark, as if decorated."""
     listed = slow_listed()
     for item in items:
         if item.nodeid in listed or item.nodeid.split("[", 1)[0] in listed:
             item.add_marker(pytest.mark.slow)
+    whole = {ROOT, ROOT / "tests"}
+    if config.args and all(Path(config.rootpath, a).resolve() in whole for a in config.args):
+        config.stash[SLOW_LIST_CHECK] = unlisted(listed, {item.nodeid for item in items})
