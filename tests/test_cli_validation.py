@@ -309,7 +309,6 @@ def test_subcommand_options_are_the_main_commands(name: str) -> None:
     assert wanted <= set(sub), wanted - set(sub)
 
 
-@pytest.mark.slow
 def test_reduce_metric_and_repro_threshold_take_effect(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -567,6 +567,26 @@ def runnable_blocks(doc: str) -> list[Block]:
 
 DOC_GROUPS = [g for doc in GUIDE_DOCS for g in group_blocks(doc, runnable_blocks(doc))]
 BASH_FIRST = {doc: _bash_first(doc) for doc in GUIDE_DOCS}
+# The groups that take 8 s or more on two cores run in the slow lane (`make test-slow`), each
+# found by its document and a phrase of its commands (line numbers move as the docs grow).
+SLOW_GROUPS = {
+    ("guide.md", "--dataset frames"): "a dataset of frames, each diagnosed",
+    ("guide.md", "onnx-bisect repro pat/repro"): "a bundle made, re-run and re-targeted",
+    ("report-format.md", "--quiet --out report"): "two diagnoses and every report file read",
+}
+
+
+def _slow(group: DocGroup) -> bool:
+    return any(doc == group.doc and phrase in _code_of(group) for doc, phrase in SLOW_GROUPS)
+
+
+def _code_of(group: DocGroup) -> str:
+    return "\n".join(_code(b) for b in group.blocks)
+
+
+def _param(group: DocGroup) -> Any:
+    marks = [pytest.mark.slow] if _slow(group) else []
+    return pytest.param(group, marks=marks, id=group.id)
 
 
 @pytest.fixture
@@ -581,7 +601,7 @@ def session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Session:
     return s
 
 
-@pytest.mark.parametrize("group", DOC_GROUPS, ids=lambda g: g.id)
+@pytest.mark.parametrize("group", [_param(g) for g in DOC_GROUPS])
 def test_doc_examples_run(group: DocGroup, session: Session) -> None:
     session.bash_first = BASH_FIRST.get(group.doc, set())
     skipped: dict[int, str] = {}
@@ -616,6 +636,15 @@ def test_doc_examples_run(group: DocGroup, session: Session) -> None:
 def test_every_guide_doc_has_runnable_examples() -> None:
     for doc in GUIDE_DOCS:
         assert runnable_blocks(doc), f"docs/{doc} has no runnable examples"
+
+
+def test_each_slow_group_is_found_once() -> None:
+    for (doc, phrase), what in SLOW_GROUPS.items():
+        found = [g.id for g in DOC_GROUPS if g.doc == doc and phrase in _code_of(g)]
+        assert len(found) == 1, (
+            f"SLOW_GROUPS: {phrase!r} ({what}) is in {len(found)} groups of docs/{doc} "
+            f"{found}: name the slow one by a phrase of its own, or drop it"
+        )
 
 
 def test_doc_groups_run_every_block_once_in_document_order() -> None:

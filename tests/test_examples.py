@@ -82,7 +82,6 @@ def assert_same_model(built: onnx.ModelProto, committed: onnx.ModelProto, name: 
         )
 
 
-@pytest.mark.slow
 def test_build_models_reproduces_committed_files(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     proc = subprocess.run(

@@ -221,7 +221,7 @@ def _hang_timeout(argv: list[str]) -> float:
     return max(1.0, 6 * took[-1])
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # a hang waited out, its timeout measured first
 def test_a_hang_past_the_timeout_is_a_crash() -> None:
     target = runtime("--hang-on", HANG_NODE)
     timeout = _hang_timeout(shlex.split(target.removeprefix("exec:")))
@@ -269,7 +269,6 @@ def test_amplification_chain_runs_from_the_root_cause_to_an_output() -> None:
     assert [c["node"] for c in report["chain"]] == [c.node for c in chain]
 
 
-@pytest.mark.slow
 def test_transformer_crash_and_pattern_through_exec() -> None:
     crash = onnx_bisect.bisect(TRANSFORMER, target=runtime("--abort-on", "/attn/Softmax"))
     assert crash.root_cause is not None

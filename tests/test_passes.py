@@ -175,7 +175,6 @@ def test_a_kernel_bug_is_not_blamed_on_a_pass() -> None:
 # -- a runtime of one's own: exec: with {disable} ----------------------------------------------
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("guilty", ["ConstFold", "LayerNormFusion", "MatMulAdd"])
 def test_the_simulated_runtimes_guilty_pass_is_named(guilty: str) -> None:
     target = simulated("--pass-fault", f"{guilty}:/stem/Mul=0.05")
@@ -198,7 +197,6 @@ def test_a_fault_that_needs_two_passes_is_named_as_the_pair() -> None:
     assert pb.workaround_verified
 
 
-@pytest.mark.slow
 def test_a_fault_with_passes_off_is_a_kernel_bug() -> None:
     target = simulated("--fault", "/stem/Mul=0.05")
     result = onnx_bisect.bisect(YOLO, target=target, passes=PASSES)
@@ -206,7 +204,6 @@ def test_a_fault_with_passes_off_is_a_kernel_bug() -> None:
     assert pb is not None and pb.outcome is PassOutcome.NOT_OPTIMIZER and pb.runs == 1
 
 
-@pytest.mark.slow
 def test_a_pass_bug_the_subgraph_does_not_show_is_searched_on_the_whole_model() -> None:
     # The fault needs 20 nodes around it (a fusion whose pattern spans the graph): isolation's
     # batch of nodes shows it, the one-node subgraph does not, so the search there names
@@ -224,7 +221,6 @@ def test_a_pass_bug_the_subgraph_does_not_show_is_searched_on_the_whole_model() 
     assert pb.reason.startswith("the target with every optimization off agrees")
 
 
-@pytest.mark.slow
 def test_a_subgraph_answer_that_does_not_fix_the_whole_model_is_searched_there_again() -> None:
     # Two independent pass bugs: the root cause's subgraph shows only SiluFusion's, and with it
     # off the whole model still diverges (GeluFusion's, further on). The whole model is searched
@@ -250,7 +246,6 @@ def test_bisect_passes_off_skips_it() -> None:
     assert result.diverged and result.pass_bisection is None
 
 
-@pytest.mark.slow
 def test_cli_reports_the_pass_in_every_format(tmp_path: Path) -> None:
     target = simulated("--pass-fault", "SiluFusion:/stem/Mul=0.05")
     out = tmp_path / "report"
