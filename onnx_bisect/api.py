@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from onnx_bisect.engine.found import Found
 from onnx_bisect.engine.measure.observe import scan
 from onnx_bisect.engine.passes.bisection import bisect_passes
 from onnx_bisect.engine.progress import NoProgress, Progress
-from onnx_bisect.engine.session import Session, StageTimer, scratch_dir
+from onnx_bisect.engine.session import Session, Setup, StageTimer, scratch_dir
 from onnx_bisect.errors import InputError
 from onnx_bisect.options import DEFAULT_SAMPLE, BisectOptions, ModelLike
 from onnx_bisect.report.files import write_bundle_docs
@@ -103,11 +104,15 @@ def _bisect_one(
 ) -> BisectResult:
     """One input: prepare, open a session, diagnose, bisect passes, cut a bundle."""
     setup, feeds = prepare(model, ref, target, opts, timer)
-    with scratch_dir() as scratch:
-        session = open_session(setup, feeds, scratch, timer)
-        session, screened = with_control_flow_inlined(
-            session, lambda inlined: open_session(inlined, feeds, scratch, timer)
-        )
+    with scratch_dir() as scratch, ExitStack() as opened:
+
+        def begin(chosen: Setup) -> Session:
+            # Abandoned before the scratch folder goes: its oracle thread writes there.
+            session = open_session(chosen, feeds, scratch, timer)
+            opened.callback(session.abandon)
+            return session
+
+        session, screened = with_control_flow_inlined(begin(setup), begin)
         diagnosis = diagnose(session, screened)
         found = diagnosis.found
         # A setting to change (a precision the runtime chose) has no bug to bisect or file.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,8 @@ from typer.testing import CliRunner
 
 import onnx_bisect
 from onnx_bisect.cli import app, bisect_app
+from onnx_bisect.engine import diagnose as diagnose_module
+from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
 from onnx_bisect.inputs.feeds import make_feeds
 from tests.models import FAULTY_RUNTIME, make
@@ -138,6 +141,28 @@ def test_generated_sample_rate_makes_the_model_fail(tmp_path: Path) -> None:
     path = _save(rate_model(), tmp_path / "vad.onnx")
     with pytest.raises(BackendError, match="reference failed"):
         onnx_bisect.bisect(path, ref="cpu", target="cpu")
+
+
+def test_a_failed_reference_waits_for_the_oracle_before_the_scratch_folder_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The float64 oracle runs in a thread beside the screen and writes into the session's
+    scratch folder; when the reference fails on the plain model the session ends with an
+    error, and the folder must outlive the oracle's writes (CI once saw 'Directory not
+    empty' from the folder's removal)."""
+    seen: list[bool] = []
+
+    def slow_oracle(session: Session, *args: object, **kwargs: object) -> object:
+        time.sleep(0.5)  # long after the reference has failed
+        seen.append(session.scratch.exists())
+        (session.scratch / "late.bin").write_bytes(b"x")
+        raise BackendError("no float64 here")
+
+    monkeypatch.setattr(diagnose_module, "measure_float64", slow_oracle)
+    path = _save(rate_model(), tmp_path / "vad.onnx")
+    with pytest.raises(BackendError, match="reference failed"):
+        onnx_bisect.bisect(path, ref="cpu", target="cpu")
+    assert seen == [True]
 
 
 @pytest.mark.parametrize("rate", [16000, 8000])

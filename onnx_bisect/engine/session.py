@@ -11,7 +11,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,11 +147,25 @@ class Session:
         if pending is None or pending.done():
             return False
         self._pending, self.criterion = None, crit
+        self._stop(pending)
+        return True
+
+    def abandon(self) -> None:
+        """Stop measuring a pending criterion and wait until its thread has ended: the thread
+        writes into ``scratch``, which its owner removes next (even when the session ends
+        with an error, such as the reference failing on the plain model)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        if not pending.done():
+            self._stop(pending)
+        wait([pending])
+
+    def _stop(self, pending: Future[Criterion]) -> None:
         self.cancelled.set()
         for hook in list(self._cancel_hooks):
             hook()
         pending.cancel()  # one that never started never runs
-        return True
 
     def on_cancel(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` if the pending criterion is abandoned (now, if it already is)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,9 +96,10 @@ def screen_input(job: DatasetJob, index: int) -> InputScreen:
     of the outputs alone under ``--threshold auto``."""
     setup = _setup(job)
     feeds = job.feeds(index)
-    with scratch_dir() as scratch:
+    with scratch_dir() as scratch, ExitStack() as opened:
         finals = setup.loaded.outputs
         session = _open(setup, feeds, scratch, StageTimer(), noise_for=finals)
+        opened.callback(session.abandon)  # before the scratch folder goes
         screened = screen_session(session)
         runs = dict(session.stats.runs)
         crit = session.crit
@@ -125,11 +127,14 @@ def measure_input(job: DatasetJob, index: int) -> MeasuredInput:
     setup = _setup(job)
     feeds = job.feeds(index)
     timer = StageTimer()
-    with scratch_dir() as scratch:
-        session = _open(setup, feeds, scratch, timer)
-        session, screened = with_control_flow_inlined(
-            session, lambda inlined: _open(inlined, feeds, scratch, timer)
-        )
+    with scratch_dir() as scratch, ExitStack() as opened:
+
+        def begin(chosen: Setup) -> Session:
+            session = _open(chosen, feeds, scratch, timer)
+            opened.callback(session.abandon)  # before the scratch folder goes
+            return session
+
+        session, screened = with_control_flow_inlined(begin(setup), begin)
         diagnosis = diagnose(session, screened)
     nodes = diagnosis.found.nodes if diagnosis.found is not None else ()
     return MeasuredInput(

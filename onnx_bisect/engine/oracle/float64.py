@@ -136,9 +136,15 @@ def _float64_probes(
         if measured is not None:
             noise[name] = measured
 
+    def keep(name: str, value: npt.NDArray[Any]) -> None:
+        # An abandoned session's scratch folder is about to go: stop writing into it.
+        if s.cancelled.is_set():
+            raise Abandoned(backend.describe())
+        store.put(name, value)
+
     if streams(backend) and streams(fp32):
         marked = with_outputs(loaded.model, probes)
-        timed_stream(backend, marked, s.feeds, store.put, "float64", s.stats)
+        timed_stream(backend, marked, s.feeds, keep, "float64", s.stats)
         timed_stream(fp32, marked, s.feeds, twin, "float64", s.stats)
         precision = _floor_precision(s)
         if precision is None:
@@ -149,7 +155,7 @@ def _float64_probes(
     def use(chunk: list[str], marked: onnx.ModelProto) -> None:
         out = timed_run(backend, marked, s.feeds, "float64", s.stats)
         for name in chunk:
-            store.put(name, out[name])
+            keep(name, out[name])
         del out  # in the store: the twin's run gets its room
         out32 = timed_run(fp32, marked, s.feeds, "float64", s.stats)
         for name in chunk:
