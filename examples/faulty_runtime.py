@@ -18,6 +18,8 @@ check are simulated too:
   bug that disappears when the tensor is observed.
 - ``--abort-on NODE``: the process aborts (SIGABRT) whenever NODE is in the model.
 - ``--hang-on NODE``: the process hangs whenever NODE is in the model.
+- ``--fail-on NODE``: the process reports an error and exits 5 whenever NODE is in the model,
+  as a compiler flag that breaks every model from the first node on does.
 - ``--context-fault NODE=F:N``: NODE is wrong only in models of at least N nodes: a bug that
   needs the whole graph around it (a memory planner, say), so no small subgraph shows it.
 - ``--pass-fault PASS[+PASS2]:NODE=F[:N]``: NODE is wrong only while optimizer pass PASS (and
@@ -188,6 +190,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--hidden-fault", action="append", default=[], help="NODE=F when unobserved")
     p.add_argument("--abort-on", action="append", default=[], help="abort if NODE is present")
     p.add_argument("--hang-on", action="append", default=[], help="hang if NODE is present")
+    p.add_argument("--fail-on", action="append", default=[], help="exit 5 if NODE is present")
     p.add_argument(
         "--context-fault", action="append", default=[], help="NODE=F:MIN_NODES, big graphs only"
     )
@@ -217,6 +220,10 @@ def main(argv: list[str]) -> int:
         os.abort()
     if any(name in present for name in args.hang_on):
         time.sleep(3600)
+    failing = [name for name in args.fail_on if name in present]
+    if failing:
+        print(f"error: buffer view byte length exceeds backing buffer at {failing[0]}", file=sys.stderr)
+        return 5
     for node in model.graph.node:
         if node.op_type in args.reject:
             print(

@@ -26,14 +26,16 @@ from onnx_bisect.engine.judge import (
     observer_problem,
     root_cause,
 )
-from onnx_bisect.engine.measure.isolate import isolate
+from onnx_bisect.engine.measure.isolate import IsolationFailure, isolate
 from onnx_bisect.engine.measure.observe import Observed, probe_runs, scan
 from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.measure.store import TensorStore
-from onnx_bisect.engine.search.cut import CutResult, cut_search, search_info
+from onnx_bisect.engine.search.cut import CutRefused, CutResult, cut_search, search_info
+from onnx_bisect.engine.search.failure import failure_search
 from onnx_bisect.engine.search.pattern import find_pattern
 from onnx_bisect.engine.session import Session
-from onnx_bisect.graph.extract import with_outputs
+from onnx_bisect.errors import BackendError
+from onnx_bisect.graph.extract import incomplete_outputs, with_outputs
 from onnx_bisect.graph.match import match_tensors
 from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
 from onnx_bisect.graph.view import LoadedModel
@@ -50,14 +52,24 @@ def scan_strategy(session: Session, screened: Observed) -> Found:
     """Scan and isolate every node; a pattern search when none is wrong alone. With
     ``--strategy auto``, a scan that marking outputs has changed hands over to the cut search."""
     store = session.store("reference")
-    with session.timer.stage("scan"):
-        scanned = scan(session, store)
+    try:
+        with session.timer.stage("scan"):
+            scanned = scan(session, store)
+    except BackendError as exc:
+        if exc.role != "target":
+            raise
+        return _refused(session, store, "the scan model (every tensor marked as an output)", exc)
     observer = observer_problem(screened, scanned, session.crit)
     if observer:
         log.info("%s", observer)
         session.notes.append(observer)
     with session.timer.stage("isolate"):
         isolated = isolate(session, store)
+    failures = [r for r in isolated.values() if isinstance(r, IsolationFailure)]
+    if len(isolated) > 1 and len(failures) == len(isolated):
+        # It ran the whole model, so it can run these nodes: the cut models are to blame.
+        error = BackendError(failures[0].message, role="target", detail=failures[0].detail)
+        return _refused(session, store, "every isolation model", error)
     nodes = judge(session.loaded, scanned.comparisons, isolated, session.crit)
     first = first_divergence(nodes)
     cause = root_cause(nodes, first)
@@ -126,6 +138,11 @@ def two_model_strategy(session: Session, screened: Observed) -> Found:
         comparisons: dict[str, Comparison] = {}
 
         def use(chunk: list[str], marked: onnx.ModelProto) -> None:
+            # What the target model leaves untyped is typed from the reference's values.
+            known = [n for n in incomplete_outputs(marked) if pairs.get(n) in store]
+            if known:
+                metas = {n: other.fed_meta(n, store.meta(pairs[n])) for n in known}
+                marked = with_outputs(other.model, chunk, metas)
             out = timed_run(s.target, marked, s.feeds, "target", s.stats)
             for name in chunk:
                 ref_value = store.get(pairs[name])
@@ -173,12 +190,37 @@ def choose(session: Session) -> str:
     return "bisect" if session.options.strategy == "bisect" else "scan"
 
 
+def _refused(session: Session, store: TensorStore, what: str, error: BackendError) -> Found:
+    """The target ran the model but refused ``what``: the cut search marks fewer tensors."""
+    message = error.full.removeprefix("target failed: ")
+    session.notes.append(
+        f"the target refused {what}: {message}; the cut search, which marks only the tensors "
+        "live across each cut, ran instead"
+    )
+    with session.timer.stage("scan"):
+        scan(session, store, observe_target=False)  # every reference value, for the cuts
+    found = _by_cut_search(session, store, f"the target refused {what}")
+    return replace(found, strategy=f"scan+{found.strategy}")
+
+
 def _by_cut_search(
     session: Session, store: TensorStore, reason: str, scan_nodes: Sequence[NodeResult] = ()
 ) -> Found:
-    """Binary search over cuts, then isolation of the transition node, then a pattern."""
-    with session.timer.stage("bisect"):
-        cut = cut_search(session, store)
+    """Binary search over cuts, then isolation of the transition node, then a pattern. A
+    prefix the target cannot run ends it: the failure search then finds the node to blame."""
+    try:
+        with session.timer.stage("bisect"):
+            cut = cut_search(session, store)
+    except CutRefused as refused:
+        message = refused.error.full.removeprefix("target failed: ")
+        session.notes.append(
+            f"the target failed on the prefix of {refused.position} nodes ({message}); "
+            "the prefix search for that failure ran instead"
+        )
+        why = f"the target failed on the prefix of {refused.position} nodes"
+        return failure_search(
+            session, refused.error, failing=refused.position, why=why, store=store
+        )
     isolated = isolate(session, store, [cut.node], budget=1 << 62)
     judged = judge(session.loaded, cut.comparisons, isolated, session.crit)
     if scan_nodes:

@@ -44,7 +44,30 @@ class Fed:
 def candidates(
     loaded: LoadedModel, store: TensorStore, start: Sequence[str]
 ) -> Iterator[Candidate]:
-    """Subgraphs around the nodes ``start``, smallest first (see module)."""
+    """Subgraphs around the nodes ``start``, smallest first (see module), each one the
+    reference's values can feed (see ``_fed_by_reference``)."""
+    for cand in _candidates(loaded, store, start):
+        if cand.prefix or _fed_by_reference(loaded, store, cand.nodes):
+            yield cand
+
+
+def _fed_by_reference(loaded: LoadedModel, store: TensorStore, nodes: Sequence[NodeInfo]) -> bool:
+    """Whether the reference holds every tensor ``nodes`` read from outside them. A second
+    target model has tensors of its own the reference never computed (a quantized model's
+    QuantizeLinear outputs): a window that reads one cannot be fed."""
+    produced = {o for n in nodes for o in n.outputs}
+    known = loaded.initializers | set(loaded.inputs)
+    return all(
+        t in produced or t in known or t in store
+        for n in nodes
+        for t in (*n.inputs, *n.implicit_inputs)
+        if t
+    )
+
+
+def _candidates(
+    loaded: LoadedModel, store: TensorStore, start: Sequence[str]
+) -> Iterator[Candidate]:
     index = {n.name: n.index for n in loaded.nodes}
     first = sorted(index[s] for s in start if s in index)
     if not first:

@@ -17,7 +17,16 @@ import numpy.typing as npt
 import onnx
 from onnx import helper
 
-__all__ = ["LoadedModel", "METADATA_OPS", "NodeInfo", "NotProbed", "TensorMeta"]
+__all__ = [
+    "LoadedModel",
+    "METADATA_OPS",
+    "NodeInfo",
+    "NotProbed",
+    "TensorMeta",
+    "complete_type",
+    "declared_types",
+    "has_type",
+]
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,12 @@ class LoadedModel:
         return {n.name: n for n in self.model.graph.node}
 
     @cached_property
+    def declared(self) -> dict[str, onnx.ValueInfoProto]:
+        """Each tensor's type as the model declares it (see ``declared_types``): every cut
+        model declares its outputs from here, and collecting it per cut cost the whole graph."""
+        return declared_types(self.model.graph)
+
+    @cached_property
     def dtypes(self) -> dict[str, np.dtype[np.generic]]:
         """Element type of every tensor shape inference typed: what a runtime expects to be
         fed, whatever precision the reference computed it in."""
@@ -151,6 +166,35 @@ class LoadedModel:
                     seen.add(p.index)
                     todo.append(p.index)
         return seen
+
+
+def declared_types(graph: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
+    """A typed ValueInfoProto per tensor of ``graph`` whose element type the graph declares."""
+    found: dict[str, onnx.ValueInfoProto] = {
+        t.name: helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+        for t in graph.initializer
+    }
+    for v in (*graph.value_info, *graph.output, *graph.input):  # the input's type wins
+        if has_type(v):
+            found[v.name] = v
+    return found
+
+
+def has_type(v: onnx.ValueInfoProto) -> bool:
+    """Whether ``v`` declares a type (for a tensor, at least its element type)."""
+    kind = v.type.WhichOneof("value")
+    return kind is not None and (kind != "tensor_type" or bool(v.type.tensor_type.elem_type))
+
+
+def complete_type(v: onnx.ValueInfoProto) -> bool:
+    """An element type and a shape whose every dim is sized or named: IREE's importer
+    requires the shape, tinygrad's parser a value for each dim."""
+    if v.type.WhichOneof("value") != "tensor_type":
+        return has_type(v)
+    t = v.type.tensor_type
+    if not t.elem_type or not t.HasField("shape"):
+        return False
+    return all(d.HasField("dim_value") or d.HasField("dim_param") for d in t.shape.dim)
 
 
 # Ops that read only a tensor's metadata: a reader of this kind does not observe the values.

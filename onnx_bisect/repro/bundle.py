@@ -186,7 +186,7 @@ def _build(job: BundleJob, cand: Candidate, outputs: Sequence[str] | None) -> Fe
     if not cand.prefix:
         fed = reference_window(loaded, store, feeds, cand.nodes, outputs)
         return Fed(_finish(fed.model), fed.inputs, fed.outputs)
-    model = prefix_model(loaded, len(cand.nodes))
+    model = prefix_model(loaded, len(cand.nodes), store.metas)
     if outputs is not None:
         model = _keep_outputs(model, outputs)
     used = {i.name for i in model.graph.input}

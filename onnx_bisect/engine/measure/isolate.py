@@ -12,6 +12,7 @@ from typing import Any
 import numpy.typing as npt
 
 from onnx_bisect.backends.protocol import Tensors
+from onnx_bisect.backends.unsupported import unsupported
 from onnx_bisect.compare.criterion import Comparison
 from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.engine.measure.operands import reference_fed
@@ -28,34 +29,9 @@ __all__ = [
     "ISOLATION_WORKERS",
     "IsolationFailure",
     "isolate",
-    "unsupported",
 ]
 
 Feeds = Mapping[str, npt.NDArray[Any]]
-
-
-# Phrases runtimes use when they lack a kernel or a conversion, as opposed to failing while
-# running one. Matched against the whole message, lower-cased.
-_UNSUPPORTED = (
-    "not implemented",
-    "not_implemented",
-    "unimplemented",  # tract: Unimplemented(Det)
-    "unsupported",
-    "no op registered",
-    "could not find an implementation",
-    "is not supported",
-    "cannot create",
-    "doesn't support",
-    "does not support",
-    "conversion is failed",  # OpenVINO's frontend: "Summary: Conversion is failed for: ..."
-    "no conversion rule",
-)
-
-
-def unsupported(message: str) -> bool:
-    """Whether a runtime's message says it lacks the op, rather than failed running it."""
-    text = message.lower()
-    return any(p in text for p in _UNSUPPORTED)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from onnx_bisect.engine.measure.runs import plan_chunks, run_pair, timed_run
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
-from onnx_bisect.graph.extract import with_outputs
+from onnx_bisect.graph.extract import incomplete_outputs, strict_copy, with_outputs
 from onnx_bisect.text import plural
 
 __all__ = [
@@ -79,7 +79,7 @@ def screen(session: Session, *, final: bool = False) -> Observed:
     other = s.setup.target_model or loaded
     ref_out, tgt_out = run_pair(
         lambda: timed_run(s.ref, loaded.model, s.feeds, "ref", s.stats),
-        lambda: timed_run(s.target, other.model, s.feeds, "target", s.stats),
+        lambda: timed_run(s.target, strict_copy(other.model), s.feeds, "target", s.stats),
         s.options.parallel,
     )
     names = [n for n in loaded.outputs if n in set(other.outputs)]
@@ -146,7 +146,10 @@ def scan(session: Session, store: TensorStore, *, observe_target: bool = True) -
     outputs = set(loaded.outputs)
 
     def use(chunk: list[str], marked: onnx.ModelProto) -> None:
-        if pair:
+        # Outputs shape inference could not type are typed from the reference's values before
+        # the target sees them (strict importers refuse a bare name), so the target waits.
+        untyped = incomplete_outputs(marked) if observe_target else []
+        if pair and not untyped:
             ref_out, tgt_out = run_pair(
                 lambda: timed_run(s.ref, marked, s.feeds, "ref", s.stats),
                 lambda: timed_run(s.target, marked, s.feeds, "target", s.stats),
@@ -161,6 +164,9 @@ def scan(session: Session, store: TensorStore, *, observe_target: bool = True) -
         ref_names = set(held)
         if tgt_out is None:
             del ref_out  # in the store now; the target's run gets its room
+            if untyped:
+                metas = {n: loaded.fed_meta(n, store.meta(n)) for n in untyped if n in store}
+                marked = with_outputs(loaded.model, chunk, metas)
             tgt_out = timed_run(s.target, marked, s.feeds, "target", s.stats)
         for name in held:
             if not answered(name, s.ref, ref_names, s.target, tgt_out):

@@ -23,11 +23,12 @@ from onnx_bisect.engine.search.state import (
     SearchOutcome,
 )
 from onnx_bisect.engine.session import Session
+from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.extract import live_tensors, prefix_model
 from onnx_bisect.graph.view import NodeInfo
 from onnx_bisect.result import SearchInfo
 
-__all__ = ["CutResult", "cut_search", "search_info"]
+__all__ = ["CutRefused", "CutResult", "cut_search", "search_info"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,16 @@ class CutResult:
     outcome: SearchOutcome
     node: NodeInfo  # the node just before the transition: its outputs first diverge
     comparisons: Mapping[str, Comparison]  # every live tensor compared during the search
+
+
+class CutRefused(Exception):
+    """The target failed on the prefix of ``position`` nodes (its error is ``error``): the
+    search for a divergence cannot go on, and a search for that failure can."""
+
+    def __init__(self, position: int, error: BackendError) -> None:
+        super().__init__(str(error))
+        self.position = position
+        self.error = error
 
 
 def cut_search(session: Session, store: TensorStore) -> CutResult:
@@ -54,7 +65,11 @@ def cut_search(session: Session, store: TensorStore) -> CutResult:
         live = live_tensors(loaded, position)
         if not live:
             return False
-        out = timed_run(s.target, prefix_model(loaded, position), s.feeds, "target", s.stats)
+        model = prefix_model(loaded, position, store.metas)
+        try:
+            out = timed_run(s.target, model, s.feeds, "target", s.stats)
+        except BackendError as exc:
+            raise CutRefused(position, exc) from exc
         found = False
         for t in live:
             c = compare_tensors(t, store.get(t), out.get(t), s.crit)
