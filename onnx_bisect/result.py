@@ -238,6 +238,9 @@ class RootCause:
     message: str = ""
     # A spec that avoids it (a runtime's lowered precision: its fp32 setting), run and shown.
     workaround: str = ""
+    # What the target said on the full model, where that differs from ``message`` (the first
+    # failing prefix's): a runtime may refuse the whole for another reason (TVM's LSTM).
+    model_message: str = ""
 
     @property
     def is_bug(self) -> bool:
@@ -252,6 +255,7 @@ class RootCause:
             "reason": self.reason,
             "message": self.message,
             "workaround": self.workaround or None,
+            "model_message": self.model_message,
         }
 
 

@@ -836,6 +836,7 @@ def test_report_format_doc_names_every_field(tmp_path: Path) -> None:
         "reason": report["root_cause"]["reason"],
         "message": "",  # the runtime's own words, for failures only
         "workaround": None,  # a precision the runtime chose: its fp32 spec
+        "model_message": "",  # the full model's own words, where a prefix said other
     }
     documented = set(re.findall(r"^\| `([a-z-]+)` \|", doc, re.M))
     assert {v.value for v in Verdict} <= documented, "a verdict is missing from the table"

@@ -75,6 +75,7 @@ def test_planted_conv_fault_exec_runtime(py: str, tmp_path) -> None:
         "reason": result.root_cause.reason,  # type: ignore[union-attr]
         "message": "",
         "workaround": None,
+        "model_message": "",
     }
     verdicts = {n["node"]: n["verdict"] for n in report["nodes"]}
     assert verdicts[FAULT_NODE] == "culprit"

@@ -136,8 +136,9 @@ def test_a_runtime_failing_from_the_first_node_on_names_the_first_node(tmp_path:
     assert "runs every smaller prefix" not in cause["reason"]
     assert "first node of the graph" in cause["reason"]
     # The full model's own failure (the abort) is in the report beside the prefix's error.
-    [own] = [n for n in report["notes"] if n.startswith("the full model's own error")]
-    assert "signal 6" in own
+    assert "signal 6" in cause["model_message"]
+    said = (out / "report.md").read_text().split("On the full model it said:")[1]
+    assert "signal 6" in said.split("```")[1]
 
 
 def test_a_runtime_that_fails_on_anything_shows_the_identity_probes_own_error() -> None:

@@ -122,6 +122,8 @@ def _summary(r: BisectResult) -> list[str]:
         text = f"<b>{escape(rc.kind.value)}</b>: {f'{names}. ' if names else ''}{escape(rc.reason)}"
         if rc.message:
             text += f"<br>The target said:<pre>{escape(rc.message)}</pre>"
+        if rc.model_message:
+            text += f"On the full model it said:<pre>{escape(rc.model_message)}</pre>"
         facts.append(("Root cause", text))
     if chain := chain_line(r):
         facts.append(("Amplification chain", escape(chain)))

@@ -139,6 +139,8 @@ def render_issue(result: BisectResult) -> str:
         head += [f"Root cause ({rc.kind}): {one_line(rc.reason)}."]
         if rc.message:
             head += ["", "## What the target said", "", *fenced(rc.message)]
+        if rc.model_message:
+            head += ["", "On the full model it said:", "", *fenced(rc.model_message)]
     tail = [
         "",
         "The full report (`report.md`, with every node in `nodes.csv`) is attached; "

@@ -223,6 +223,8 @@ def _summary(result: BisectResult) -> list[str]:
         out.append(f"- **Root cause ({rc.kind}):** {f'{names}. ' if names else ''}{reason}")
         if rc.message:
             out += ["", "The target said:", "", *fenced(rc.message), ""]
+        if rc.model_message:
+            out += ["On the full model it said:", "", *fenced(rc.model_message), ""]
     if chain := chain_line(result, name=code):
         out.append(f"- **Amplification chain** (rel_l2): {chain}")
     out.append(f"- **Strategy:** {result.strategy}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 
 from onnx_bisect.backends.unsupported import unsupported
 from onnx_bisect.engine.found import Found
@@ -82,11 +83,10 @@ def failure_search(
     node = loaded.nodes[outcome.transition - 1]
     error = errors.get(outcome.transition, failure)
     message = _message(error)
+    # The runtime may fail the full model for another reason than the first prefix (TVM:
+    # LSTM unsupported there, a computed Pad here): both belong in the report.
     own = _message(failure)
-    if own != message:
-        # The runtime may fail the full model for another reason than the first prefix
-        # (TVM: LSTM unsupported there, a computed Pad here): both belong in the report.
-        s.notes.append(f"the full model's own error: {own}")
+    model_message = own if own != message else ""
     if not outcome.monotone:
         s.notes.append("failures were not monotone along the order; a linear pass decided")
     whole = "on the full model" if failing is None else f"on the prefix of {failing} nodes"
@@ -100,11 +100,15 @@ def failure_search(
             f"the target {how} whenever {node.op_type} {node.name!r} is in the model"
             f"{_smaller(node, ', ')}",
             message,
+            model_message=model_message,
         )
         note = f"the target crashes when this node is in the model: {message}"
         rows = _rows(loaded.nodes, node, Verdict.CRASHED, note)
         return Found("crash-bisect", rows, rows[node.index], cause, search)
-    return _error_found(session, node, message, search, store)
+    found = _error_found(session, node, message, search, store)
+    if found.cause is not None and model_message:
+        found = replace(found, cause=replace(found.cause, model_message=model_message))
+    return found
 
 
 def _smaller(node: NodeInfo, sep: str) -> str:
