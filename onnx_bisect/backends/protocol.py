@@ -46,12 +46,16 @@ class Capabilities:
     back as ``BackendCrash`` instead of killing the tool.
     ``streams``: ``BackendBase.stream`` hands each wanted tensor over as soon as it is
     computed and then drops it, so one run yields every probe while holding one at a time.
+    ``compiles``: every run compiles the model first (an ML compiler: seconds to minutes a
+    run), so the searches spend as few runs as they can: the failure search does not check
+    its answer one position further, and isolation batches are as large as memory allows.
     """
 
     computes: bool = True
     partial: bool = False
     child_process: bool = False
     streams: bool = False
+    compiles: bool = False
 
 
 @runtime_checkable

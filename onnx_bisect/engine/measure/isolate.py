@@ -63,7 +63,12 @@ def isolate(
     nodes stand alone.
     """
     model = loaded or session.loaded
-    limit = min(session.memory.isolation, ISOLATION_BATCH_BYTES) if budget is None else budget
+    # Past ISOLATION_BATCH_BYTES a batch costs more memory than it saves time, unless each
+    # batch is a compile: then fewer, larger batches win.
+    cap = (
+        session.memory.isolation if session.target.capabilities.compiles else ISOLATION_BATCH_BYTES
+    )
+    limit = min(session.memory.isolation, cap) if budget is None else budget
     limit = min(limit, session.memory.isolation // _workers(session))  # in flight share it
     known = set(model.initializers) | set(session.feeds) | {""}
     todo = [

@@ -68,19 +68,16 @@ def failure_search(
             return True
         return False
 
-    probe = _fails_on_anything(session)
-    if probe is not None:
-        what = "crashes" if isinstance(probe, BackendCrash) else "fails"
-        raise type(failure)(
-            f"{failure} (it also {what} on a one-node Identity model, so no node is to blame: "
-            f"{_message(probe)})",
-            role="target",
-            detail=failure.detail,
-        )
     hi = len(loaded.nodes) if failing is None else failing
+    # A compiler's every answer costs a compile: its answer is not checked a position further.
+    verify = not s.target.capabilities.compiles
     with s.timer.stage("bisect"):
-        outcome = CutSearch(0, hi).run(fails)
+        outcome = CutSearch(0, hi, verify=verify).run(fails)
     node = loaded.nodes[outcome.transition - 1]
+    if node.index == 0:
+        # Asked only here, where it decides something: a runtime that fails on the first node
+        # may fail on anything (a missing license, a flag that breaks every model).
+        _check_runs_anything(session, failure)
     error = errors.get(outcome.transition, failure)
     message = _message(error)
     # The runtime may fail the full model for another reason than the first prefix (TVM:
@@ -192,6 +189,19 @@ def _did(failure: BackendError) -> str:
 def _message(error: BackendError) -> str:
     """The runtime's own words, without our role prefix."""
     return error.full.removeprefix("target failed: ")
+
+
+def _check_runs_anything(session: Session, failure: BackendError) -> None:
+    """Raise ``failure``, saying so, where the target fails on a one-node Identity model too."""
+    probe = _fails_on_anything(session)
+    if probe is not None:
+        what = "crashes" if isinstance(probe, BackendCrash) else "fails"
+        raise type(failure)(
+            f"{failure} (it also {what} on a one-node Identity model, so no node is to blame: "
+            f"{_message(probe)})",
+            role="target",
+            detail=failure.detail,
+        )
 
 
 def _fails_on_anything(session: Session) -> BackendError | None:

@@ -29,13 +29,15 @@ class CutSearch:
     """Binary search for the first position ``p`` in ``(lo, hi]`` where ``diverged(p)`` holds.
 
     ``diverged(lo)`` is known False and ``diverged(hi)`` known True. After the search one extra
-    position past the transition is checked: when divergence vanishes there, the predicate is
-    not monotone and a linear pass over ``window`` positions on each side decides.
+    position past the transition is checked (unless ``verify`` is off, where each question
+    costs a compile): when divergence vanishes there, the predicate is not monotone and a
+    linear pass over ``window`` positions on each side decides.
     """
 
     lo: int
     hi: int
     window: int = 4
+    verify: bool = True
     answers: dict[int, bool] = field(default_factory=dict)
     order: list[int] = field(default_factory=list)
 
@@ -50,7 +52,7 @@ class CutSearch:
                 lo = mid
         monotone, refined = True, False
         upper = self.hi
-        if hi + 1 < upper and not ask(hi + 1):
+        if self.verify and hi + 1 < upper and not ask(hi + 1):
             monotone = False
             hi = self._refine(ask, hi)
             refined = True
