@@ -67,5 +67,5 @@ def test_docs_table_is_generated_from_this_run(results: list[CaseResult]) -> Non
 
 
 def test_an_operator_it_lacks_names_the_op_and_version() -> None:
-    with pytest.raises(UnsupportedOperator, match=r"does not support NonMaxSuppression version 11"):
-        lookup("NonMaxSuppression", 17)
+    with pytest.raises(UnsupportedOperator, match=r"does not support ImageDecoder version 20"):
+        lookup("ImageDecoder", 20)

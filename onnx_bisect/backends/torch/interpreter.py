@@ -62,6 +62,7 @@ class Program:
         self._scope: dict[str, torch.Tensor | None] = {}
         self.inputs = [v.name for v in graph.input]
         self.outputs = [v.name for v in graph.output]
+        self._declared = _declared_types(graph)
         base = OpContext(device, policy, 0, self._run_subgraph)
         self.constants = {t.name: self._weights.get(t, base) for t in graph.initializer}
         reads = [frozenset(referenced_names(node)) for node in graph.node]
@@ -79,7 +80,10 @@ class Program:
             fn = lookup(node.op_type, opset, domain)
         except UnsupportedOperator as exc:
             raise UnsupportedOperator(f"node {node.name!r}: {exc}", node=node.name) from None
-        ctx = OpContext(self.device, self.policy, opset, self._run_subgraph, len(node.output))
+        types = tuple(self._declared.get(n, 0) for n in node.input)
+        ctx = OpContext(
+            self.device, self.policy, opset, self._run_subgraph, len(node.output), types
+        )
         return _Step(node, fn, attributes(node), ctx, reads)
 
     def feed(self, arrays: Mapping[str, npt.NDArray[Any]]) -> dict[str, torch.Tensor]:
@@ -194,6 +198,15 @@ class WeightCache:
             self._kept[key] = (raw, tensor)
             self._bytes += len(raw)
         return tensor
+
+
+def _declared_types(graph: onnx.GraphProto) -> dict[str, int]:
+    """The element types the graph states (inputs, initializers, value_info), by name."""
+    out = {t.name: t.data_type for t in graph.initializer}
+    for v in [*graph.input, *graph.value_info, *graph.output]:
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
+            out[v.name] = v.type.tensor_type.elem_type
+    return out
 
 
 def _drop(name: str, value: torch.Tensor | None) -> None:

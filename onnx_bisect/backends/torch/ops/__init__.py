@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from onnx_bisect.backends.torch.ops import (  # noqa: F401  (registration by import)
     activation,
+    attention,
     cast,
     control,
     elementwise,
@@ -12,10 +13,13 @@ from onnx_bisect.backends.torch.ops import (  # noqa: F401  (registration by imp
     linear,
     normalization,
     pool,
+    quant,
     reduce,
     resize,
     rnn,
     shape,
+    signal,
+    vision,
 )
 from onnx_bisect.backends.torch.ops.registry import lookup, register, table
 

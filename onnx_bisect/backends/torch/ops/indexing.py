@@ -207,22 +207,34 @@ def one_hot(ctx: OpContext, x: _Inputs, attrs: _Attrs) -> torch.Tensor:
     return out.movedim(-1, axis)
 
 
-@register("CumSum", since=11)
-def cum_sum(ctx: OpContext, x: _Inputs, attrs: _Attrs) -> torch.Tensor:
-    data = need(x, 0)
-    axis = axis_of(ints(need(x, 1))[0], data.ndim)
-    # Two's complement sums wrap the same way signed or not.
+def _cumulative(data: torch.Tensor, axis: int, attrs: _Attrs, *, product: bool) -> torch.Tensor:
+    """CumSum or CumProd along ``axis``, ``exclusive`` and ``reverse`` as ONNX defines them."""
+    # Two's complement sums and products wrap the same way signed or not.
     work = as_bits(data)
     if attrs.get("reverse", 0):
         work = work.flip(axis)
-    out = torch.cumsum(work, dim=axis, dtype=work.dtype)
+    scan = torch.cumprod if product else torch.cumsum
+    out = scan(work, dim=axis, dtype=work.dtype)
     if attrs.get("exclusive", 0):
         n = out.shape[axis]
-        zero = torch.zeros_like(out.narrow(axis, 0, min(n, 1)))
-        out = torch.cat([zero, out.narrow(axis, 0, max(n - 1, 0))], dim=axis)
+        first = out.narrow(axis, 0, min(n, 1))
+        start = torch.ones_like(first) if product else torch.zeros_like(first)
+        out = torch.cat([start, out.narrow(axis, 0, max(n - 1, 0))], dim=axis)
     if attrs.get("reverse", 0):
         out = out.flip(axis)
     return from_bits(out, data.dtype)
+
+
+@register("CumSum", since=11)
+def cum_sum(ctx: OpContext, x: _Inputs, attrs: _Attrs) -> torch.Tensor:
+    data = need(x, 0)
+    return _cumulative(data, axis_of(ints(need(x, 1))[0], data.ndim), attrs, product=False)
+
+
+@register("CumProd", since=26)
+def cum_prod(ctx: OpContext, x: _Inputs, attrs: _Attrs) -> torch.Tensor:
+    data = need(x, 0)
+    return _cumulative(data, axis_of(ints(need(x, 1))[0], data.ndim), attrs, product=True)
 
 
 @register("Trilu", since=14)
