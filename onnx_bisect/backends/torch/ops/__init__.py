@@ -11,7 +11,6 @@ from onnx_bisect.backends.torch.ops import (  # noqa: F401  (registration by imp
     generate,
     indexing,
     linear,
-    loss,
     normalization,
     pool,
     quant,
@@ -21,6 +20,8 @@ from onnx_bisect.backends.torch.ops import (  # noqa: F401  (registration by imp
     rnn,
     shape,
     signal,
+    text,
+    training,
     vision,
 )
 from onnx_bisect.backends.torch.ops.registry import lookup, register, table

@@ -291,3 +291,18 @@ def unique(ctx: OpContext, x: _Inputs, attrs: _Attrs) -> list[torch.Tensor]:
         values = values.index_select(dim, order)
         first, counts, inverse = first[order], counts[order], rank[inverse]
     return [values, first, inverse, counts]
+
+
+@register("ReverseSequence", since=10)
+def reverse_sequence(ctx: OpContext, x: _Inputs, attrs: _Attrs) -> torch.Tensor:
+    """The first ``sequence_lens[b]`` steps of each batch entry reversed along the time axis."""
+    data, lens = need(x, 0), need(x, 1).to(torch.int64)
+    batch_axis, time_axis = int(attrs.get("batch_axis", 1)), int(attrs.get("time_axis", 0))
+    steps = torch.arange(data.shape[time_axis], device=data.device)
+    # (batch, time): where each output step reads from
+    source = torch.where(steps < lens[:, None], lens[:, None] - 1 - steps, steps)
+    if batch_axis > time_axis:
+        source = source.transpose(0, 1)
+    shape = [1] * data.dim()
+    shape[batch_axis], shape[time_axis] = data.shape[batch_axis], data.shape[time_axis]
+    return torch.gather(data, time_axis, source.reshape(shape).expand(data.shape))
