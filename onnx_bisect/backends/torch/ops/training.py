@@ -69,7 +69,7 @@ def _groups(x: Inputs, states: int) -> tuple[float, int, list[list[torch.Tensor]
     return rate, step, [[need(x, 2 + j * n + i) for j in range(2 + states)] for i in range(n)]
 
 
-def _outputs(updated: list[tuple[torch.Tensor, ...]]) -> list[torch.Tensor]:
+def _outputs(updated: Sequence[tuple[torch.Tensor, ...]]) -> list[torch.Tensor]:
     """All new Xs, then all of each new state, as the node lists its outputs."""
     return [u[k] for k in range(len(updated[0])) for u in updated]
 
