@@ -11,6 +11,7 @@ from onnx_bisect.backends.torch.ops import (  # noqa: F401  (registration by imp
     generate,
     indexing,
     linear,
+    ml,
     normalization,
     pool,
     quant,

@@ -1,4 +1,5 @@
-"""Signal processing: DFT (17, 20), STFT, the Hann, Hamming and Blackman windows.
+"""Signal processing: DFT (17, 20), STFT, the Hann, Hamming and Blackman windows, and
+MelWeightMatrix.
 
 ONNX carries complex numbers as a trailing axis of size 2 (real, imaginary; size 1: real
 input). The transforms run through ``torch.fft`` in complex64, or complex128 for float64
@@ -108,3 +109,32 @@ def _window(terms: tuple[float, ...]) -> Any:
 register("HannWindow", since=17)(_window((0.5, 0.5)))
 register("HammingWindow", since=17)(_window((25 / 46, 21 / 46)))
 register("BlackmanWindow", since=17)(_window((0.42, 0.5, 0.08)))
+
+
+def _mel_edges(bins: int, dft_length: int, rate: int, low: float, high: float) -> list[int]:
+    """The spectrogram bin of each triangle's edge: ``bins + 2`` points evenly spaced in mel
+    (the spec's reference spaces them by (high - low) / (bins + 2)), back in hertz, floored
+    to a bin."""
+    low_mel = 2595 * math.log10(1 + low / 700)
+    high_mel = 2595 * math.log10(1 + high / 700)
+    step = (high_mel - low_mel) / (bins + 2)
+    hertz = [700 * (10 ** ((i * step + low_mel) / 2595) - 1) for i in range(bins + 2)]
+    return [int(((dft_length + 1) * h) // rate) for h in hertz]
+
+
+@register("MelWeightMatrix", since=17)
+def mel_weight_matrix(ctx: OpContext, x: Inputs, attrs: dict[str, Any]) -> torch.Tensor:
+    bins, dft_length, rate = (ints(need(x, i))[0] for i in range(3))
+    low, high = (float(need(x, i).reshape(-1)[0]) for i in (3, 4))
+    edges = _mel_edges(bins, dft_length, rate, low, high)
+    out = torch.zeros(dft_length // 2 + 1, bins, dtype=torch.float64)
+    for i in range(bins):
+        left, center, right = edges[i : i + 3]
+        if center == left:
+            out[center, i] = 1
+        else:
+            for j in range(left, center + 1):
+                out[j, i] = (j - left) / (center - left)
+        for j in range(center, right):
+            out[j, i] = (right - j) / (right - center)
+    return out.to(ctx.dtype(int(attrs.get("output_datatype", 1))))

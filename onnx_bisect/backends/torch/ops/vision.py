@@ -1,4 +1,5 @@
-"""Vision operators: GridSample, AffineGrid, NonMaxSuppression, Col2Im and CenterCropPad.
+"""Vision operators: GridSample, AffineGrid, NonMaxSuppression, Col2Im, CenterCropPad,
+RoiAlign and DeformConv.
 
 GridSample and AffineGrid are torch's own ``grid_sample``/``affine_grid`` (the same
 normalized-coordinate conventions as ONNX). NonMaxSuppression is greedy per batch and class
@@ -8,6 +9,7 @@ index first on ties), a box kept unless its IoU with a kept one exceeds ``iou_th
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -16,6 +18,7 @@ import torch.nn.functional as F
 from onnx_bisect.backends.torch.context import OpContext
 from onnx_bisect.backends.torch.ops.registry import register
 from onnx_bisect.backends.torch.ops.shape import axis_of, ints, need, opt
+from onnx_bisect.errors import BackendError
 
 __all__: list[str] = []
 
@@ -155,3 +158,124 @@ def center_crop_pad(ctx: OpContext, x: Inputs, attrs: dict[str, Any]) -> torch.T
     out = torch.zeros(out_shape, dtype=data.dtype, device=data.device)
     out[tuple(dst)] = data[tuple(src)]
     return out
+
+
+def _axis_samples(
+    start: float, size: float, bins: int, grid: int, limit: int
+) -> tuple[torch.Tensor, ...]:
+    """Along one axis of a RoiAlign box: the sample points' low and high pixel, their
+    weights, and whether each lies on the image (ONNX Runtime's rules at the borders)."""
+    step = size / bins
+    at = torch.arange(bins * grid, dtype=torch.float64)
+    pos = start + (at // grid) * step + (at % grid + 0.5) * step / grid
+    valid = (pos >= -1.0) & (pos <= limit)
+    pos = pos.clamp(min=0)
+    low = pos.floor().to(torch.int64)
+    edge = low >= limit - 1
+    low = torch.where(edge, limit - 1, low)
+    high = torch.where(edge, limit - 1, low + 1)
+    pos = torch.where(edge, low.to(pos.dtype), pos)
+    frac = pos - low
+    return low, high, 1 - frac, frac, valid
+
+
+def _roi(
+    image: torch.Tensor, box: list[float], attrs: dict[str, Any], ctx_half: bool
+) -> torch.Tensor:
+    out_h, out_w = int(attrs.get("output_height", 1)), int(attrs.get("output_width", 1))
+    scale, ratio = float(attrs.get("spatial_scale", 1.0)), int(attrs.get("sampling_ratio", 0))
+    offset = 0.5 if ctx_half else 0.0
+    x1, y1, x2, y2 = (v * scale - offset for v in box)
+    w, h = x2 - x1, y2 - y1
+    if not ctx_half:
+        w, h = max(w, 1.0), max(h, 1.0)
+    grid_h = ratio if ratio > 0 else math.ceil(h / out_h)
+    grid_w = ratio if ratio > 0 else math.ceil(w / out_w)
+    ylo, yhi, ywl, ywh, yok = _axis_samples(y1, h, out_h, grid_h, image.shape[1])
+    xlo, xhi, xwl, xwh, xok = _axis_samples(x1, w, out_w, grid_w, image.shape[2])
+    ok = (yok[:, None] & xok[None, :]).to(image.dtype)
+    corners = [
+        image[:, ya][:, :, xa] * (wy[:, None] * wx[None, :]).to(image.dtype) * ok
+        for ya, wy in ((ylo, ywl), (yhi, ywh))
+        for xa, wx in ((xlo, xwl), (xhi, xwh))
+    ]  # each (C, out_h * grid_h, out_w * grid_w)
+    c = image.shape[0]
+    if str(attrs.get("mode", "avg")) == "max":
+        best = torch.stack(corners).amax(0).reshape(c, out_h, grid_h, out_w, grid_w)
+        return best.amax(dim=(2, 4))
+    total = sum(corners[1:], corners[0]).reshape(c, out_h, grid_h, out_w, grid_w)
+    return total.sum(dim=(2, 4)) / max(grid_h * grid_w, 1)
+
+
+@register("RoiAlign", since=10)
+def roi_align(ctx: OpContext, x: Inputs, attrs: dict[str, Any]) -> torch.Tensor:
+    data, rois, batch = need(x, 0), need(x, 1), need(x, 2)
+    default = "half_pixel" if ctx.opset >= 16 else "output_half_pixel"
+    half = str(attrs.get("coordinate_transformation_mode", default)) == "half_pixel"
+    work = data.to(torch.promote_types(data.dtype, torch.float32))
+    outs = [
+        _roi(work[int(b)], [float(v) for v in box], attrs, half)
+        for box, b in zip(rois.tolist(), batch.reshape(-1).tolist(), strict=True)
+    ]
+    out_h, out_w = int(attrs.get("output_height", 1)), int(attrs.get("output_width", 1))
+    if not outs:
+        return data.new_zeros(0, data.shape[1], out_h, out_w)
+    return torch.stack(outs).to(data.dtype)
+
+
+def _deform_columns(
+    data: torch.Tensor,
+    offset: torch.Tensor,
+    mask: torch.Tensor | None,
+    attrs: dict[str, Any],
+    kernel: list[int],
+) -> torch.Tensor:
+    """Each input channel sampled (bilinearly, zeros outside) at each kernel tap's offset
+    position for each output pixel: (n, channels, kh, kw, oh, ow), times the mask."""
+    n, c, ih, iw = data.shape
+    kh, kw = kernel
+    oh, ow = offset.shape[2:]
+    groups = int(attrs.get("offset_group", 1))
+    sh, sw = [int(s) for s in attrs.get("strides", [1, 1])]
+    dh, dw = [int(d) for d in attrs.get("dilations", [1, 1])]
+    ph, pw = [int(p) for p in attrs.get("pads", [0, 0, 0, 0])][:2]
+    off = offset.reshape(n, groups, kh, kw, 2, oh, ow)
+    base_y = (torch.arange(kh) * dh)[:, None, None, None] + (torch.arange(oh) * sh - ph)[
+        None, None, :, None
+    ]
+    base_x = (torch.arange(kw) * dw)[None, :, None, None] + (torch.arange(ow) * sw - pw)[
+        None, None, None, :
+    ]
+    y = base_y.to(off.dtype) + off[:, :, :, :, 0]  # (n, g, kh, kw, oh, ow)
+    xx = base_x.to(off.dtype) + off[:, :, :, :, 1]
+    grid = torch.stack([xx / (iw - 1) * 2 - 1, y / (ih - 1) * 2 - 1], dim=-1)
+    cols = []
+    for g, part in enumerate(data.chunk(groups, dim=1)):
+        flat = grid[:, g].reshape(n, kh * kw * oh, ow, 2).to(part.dtype)
+        sampled = F.grid_sample(
+            part, flat, mode="bilinear", padding_mode="zeros", align_corners=True
+        )
+        sampled = sampled.reshape(n, part.shape[1], kh, kw, oh, ow)
+        if mask is not None:
+            sampled = sampled * mask.reshape(n, groups, 1, kh, kw, oh, ow)[:, g].to(part.dtype)
+        cols.append(sampled)
+    return torch.cat(cols, dim=1)
+
+
+@register("DeformConv", since=19)
+def deform_conv(ctx: OpContext, x: Inputs, attrs: dict[str, Any]) -> torch.Tensor:
+    data, weight, offset, bias, mask = need(x, 0), need(x, 1), need(x, 2), opt(x, 3), opt(x, 4)
+    if data.dim() != 4:
+        raise BackendError("DeformConv is supported for 2-D images only")
+    work = data.to(torch.promote_types(data.dtype, torch.float32))
+    kernel = [int(k) for k in attrs.get("kernel_shape", weight.shape[2:])]
+    cols = _deform_columns(work, offset.to(work.dtype), mask, attrs, kernel)
+    groups = int(attrs.get("group", 1))
+    n, c = cols.shape[:2]
+    oc = weight.shape[0]
+    cols = cols.reshape(n, groups, c // groups, *cols.shape[2:])
+    w = weight.to(work.dtype).reshape(groups, oc // groups, *weight.shape[1:])
+    out = torch.einsum("ngcklij,gockl->ngoij", cols, w).reshape(n, oc, *cols.shape[-2:])
+    if bias is not None:
+        out = out + bias.to(work.dtype).reshape(1, -1, 1, 1)
+    return out.to(data.dtype)
