@@ -27,6 +27,7 @@ from onnx_bisect.graph.weights import tensor_array
 __all__ = [
     "SUPPORTED_TYPES",
     "OpContext",
+    "TensorSequence",
     "RunGraph",
     "cpu_channels_last",
     "attributes",
@@ -138,8 +139,17 @@ def cpu_channels_last(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+class TensorSequence(list[torch.Tensor]):
+    """An ONNX sequence value: its tensors in order. A distinct type, because an op that
+    returns a plain list returns several outputs; an op producing a sequence returns
+    ``[TensorSequence(...)]``. An empty optional is None, like an omitted input."""
+
+
 def to_numpy(tensor: torch.Tensor) -> npt.NDArray[Any]:
-    """A numpy copy; bfloat16, which numpy lacks, comes back as float32 (exact)."""
+    """A numpy copy; bfloat16, which numpy lacks, comes back as float32 (exact). A sequence
+    comes back as a list of arrays."""
+    if isinstance(tensor, TensorSequence):
+        return [to_numpy(t) for t in tensor]
     t = tensor.detach()
     if t.dtype == torch.bfloat16:
         t = t.to(torch.float32)

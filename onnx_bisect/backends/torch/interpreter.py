@@ -10,14 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy.typing as npt
 import onnx
 import torch
 from onnx import numpy_helper
 
-from onnx_bisect.backends.torch.context import OpContext, attributes, cpu_channels_last
+from onnx_bisect.backends.torch.context import (
+    OpContext,
+    TensorSequence,
+    attributes,
+    cpu_channels_last,
+)
 from onnx_bisect.backends.torch.ops import lookup
 from onnx_bisect.backends.torch.ops.registry import OpFn, UnsupportedOperator
 from onnx_bisect.backends.torch.rounding import Rounding
@@ -93,7 +98,8 @@ class Program:
         missing = [n for n in self.inputs if n not in arrays and n not in self.constants]
         if missing:
             raise BackendError(f"no value fed for graph input(s) {', '.join(missing[:5])}")
-        return {n: base.tensor(arrays[n]) for n in self.inputs if n in arrays}
+        # An empty optional input is fed as None, which ops read as an absent value.
+        return {n: cast(torch.Tensor, _value(base, arrays[n])) for n in self.inputs if n in arrays}
 
     def run(
         self,
@@ -198,6 +204,16 @@ class WeightCache:
             self._kept[key] = (raw, tensor)
             self._bytes += len(raw)
         return tensor
+
+
+def _value(ctx: OpContext, fed: Any) -> torch.Tensor | None:
+    """A fed array as a tensor; a list (a sequence input) as a sequence, None (an empty
+    optional) as None."""
+    if fed is None:
+        return None
+    if isinstance(fed, list):
+        return TensorSequence(ctx.tensor(a) for a in fed)  # type: ignore[return-value]
+    return ctx.tensor(fed)
 
 
 def _declared_types(graph: onnx.GraphProto) -> dict[str, int]:

@@ -19,6 +19,7 @@ from onnx_bisect.backends.torch.ops import (  # noqa: F401  (registration by imp
     reduce,
     resize,
     rnn,
+    sequence,
     shape,
     signal,
     text,

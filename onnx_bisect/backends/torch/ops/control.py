@@ -1,8 +1,8 @@
 """Control flow: If, Loop and Scan, running their subgraphs through the interpreter.
 
 Conditions and trip counts are read back to Python (one device sync per decision): the
-interpreter is eager, so the branch taken must be known before it runs. Sequence-typed
-values are not supported by the interpreter, so neither are Loops that carry them.
+interpreter is eager, so the branch taken must be known before it runs. Values may be
+sequences (ops/sequence.py) or empty optionals (None) where the graph carries them.
 """
 
 from __future__ import annotations
