@@ -230,3 +230,49 @@ def test_exported_llama_block_runs(opset: int, tmp_path: Path) -> None:
     if opset >= 23:
         assert {"Attention", "RMSNormalization"} <= ops, sorted(ops)
     _agree(model, {"x": x.numpy()}, rtol=1e-4)
+
+
+def test_planted_fault_in_an_attention_block_is_named_on_the_torch_backend(
+    tmp_path: Path,
+) -> None:
+    """RMSNormalization -> q/k/v projections -> GQA causal Attention-23 -> output projection:
+    a 1% fault in the Attention node of ``torch:cpu`` is found against ONNX Runtime, with the
+    torch float64 oracle setting the threshold (it used to fall back: no Attention)."""
+    import onnx_bisect
+    from tests.faulty import FaultyBackend
+
+    rng = np.random.default_rng(4)
+    hidden, kv = 32, 8  # 8 query heads, 2 KV heads of size 4
+
+    def weight(name: str, cols: int) -> onnx.TensorProto:
+        return numpy_helper.from_array(
+            (rng.standard_normal((hidden, cols)) / 6).astype(np.float32), name
+        )
+
+    inits = [weight("wq", hidden), weight("wk", kv), weight("wv", kv), weight("wo", hidden)]
+    inits.append(numpy_helper.from_array(np.ones(hidden, np.float32), "g"))
+    nodes = [
+        helper.make_node("RMSNormalization", ["x", "g"], ["n"], name="norm"),
+        helper.make_node("MatMul", ["n", "wq"], ["q"], name="q_proj"),
+        helper.make_node("MatMul", ["n", "wk"], ["k"], name="k_proj"),
+        helper.make_node("MatMul", ["n", "wv"], ["v"], name="v_proj"),
+        helper.make_node(
+            "Attention",
+            ["q", "k", "v"],
+            ["a"],
+            name="attn",
+            is_causal=1,
+            q_num_heads=8,
+            kv_num_heads=2,
+        ),  # fmt: skip
+        helper.make_node("MatMul", ["a", "wo"], ["y"], name="o_proj"),
+    ]
+    inputs = [helper.make_tensor_value_info("x", F, [1, 16, hidden])]
+    outputs = [helper.make_tensor_value_info("y", F, [1, 16, hidden])]
+    path = tmp_path / "attention_block.onnx"
+    onnx.save(_model(nodes, inputs, outputs, 23, inits), str(path))
+    target = FaultyBackend("attn", 0.01, base="torch:cpu")
+    result = onnx_bisect.bisect(path, ref="cpu", target=target, threshold="auto")
+    assert result.verdict == "diverged"
+    assert result.root_cause is not None and result.root_cause.nodes == ("attn",)
+    assert any("float64 values from torch" in n for n in result.notes), result.notes
