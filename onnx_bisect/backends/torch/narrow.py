@@ -67,7 +67,7 @@ def numpy_from_carrier(t: torch.Tensor) -> npt.NDArray[Any] | None:
 
 def _float8(t: torch.Tensor, elem_type: int, saturate: bool) -> torch.Tensor:
     dtype = CARRIERS[elem_type]
-    w = t.to(torch.float64) if not t.dtype.is_floating_point else t
+    w = t if t.dtype.is_floating_point else t.to(torch.float32)
     if saturate:
         top = torch.finfo(dtype).max
         return w.clamp(-top, top).to(dtype)
@@ -101,7 +101,7 @@ def _e8m0(t: torch.Tensor, saturate: bool, round_mode: str) -> torch.Tensor:
 def _float4(t: torch.Tensor) -> torch.Tensor:
     """E2M1 (0, 0.5, 1, 1.5, 2, 3, 4, 6), round to nearest even, saturating at 6. It has no
     NaN: ONNX's reference (ml_dtypes) gives -0 for one, and so does this."""
-    w = t.to(torch.float64)
+    w = t if t.dtype == torch.float64 else t.to(torch.float32)  # exact for this grid
     a = w.abs()
     step = torch.where(a < 2, 0.5, torch.where(a < 4, 1.0, 2.0))
     q = (torch.round(a / step) * step).clamp(max=6.0)  # torch.round: half to even
@@ -113,7 +113,7 @@ def _small_int(t: torch.Tensor, elem_type: int) -> torch.Tensor:
     """Truncated toward zero, then wrapped into range (what a two's complement narrowing
     does, and ml_dtypes' conversion)."""
     lo, hi = INT_RANGES[elem_type]
-    v = torch.trunc(t.to(torch.float64)).to(torch.int64) if t.dtype.is_floating_point else t
+    v = torch.trunc(t).to(torch.int64) if t.dtype.is_floating_point else t
     v = (v.to(torch.int64) - lo) % (hi - lo + 1) + lo
     return v.to(CARRIERS[elem_type])
 

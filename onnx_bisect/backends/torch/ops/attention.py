@@ -64,11 +64,12 @@ def _bias(
     """The additive bias (0 where a query may attend, -inf where not), broadcastable to
     (batch, heads, queries, keys)."""
     _, q_len, kv_len = shape
-    bias = torch.zeros(q_len, kv_len, dtype=dtype)
+    device = offset.device
+    bias = torch.zeros(q_len, kv_len, dtype=dtype, device=device)
     if mask is not None:
         bias = bias + _mask_bias(mask, kv_len, dtype)
-    i = torch.arange(q_len).reshape(q_len, 1)
-    j = torch.arange(kv_len).reshape(1, kv_len)
+    i = torch.arange(q_len, device=device).reshape(q_len, 1)
+    j = torch.arange(kv_len, device=device).reshape(1, kv_len)
     diff = i + offset.to(torch.int64) - j  # how far key j lies behind query i
     allowed = torch.ones_like(diff, dtype=torch.bool)
     if int(attrs.get("is_causal", 0)):
@@ -116,7 +117,7 @@ def _attend(
     work = _softmax_dtype(ctx, attrs, q.dtype)
     masked_row = torch.isneginf(bias.amax(dim=-1, keepdim=True))
     probs = torch.softmax(biased.to(work), dim=-1)
-    probs = torch.where(masked_row, torch.zeros((), dtype=work), probs)
+    probs = torch.where(masked_row, torch.zeros((), dtype=work, device=probs.device), probs)
     qk = {2: biased, 3: probs}.get(mode, scores).to(q.dtype)
     y = torch.matmul(probs, v.to(work))
     return y.to(q.dtype), qk
@@ -134,7 +135,7 @@ def attention(ctx: OpContext, x: Inputs, attrs: dict[str, Any]) -> Sequence[torc
     if past_k is not None and past_v is not None:
         k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
     shape = (q.shape[0], q.shape[2], k.shape[2])
-    offset = _offset(nonpad, past_k, q.shape[2])
+    offset = _offset(nonpad, past_k, q.shape[2]).to(q.device)
     bias = _bias(attrs, shape, mask, offset, nonpad, torch.promote_types(q.dtype, torch.float32))
     y, qk = _attend(ctx, q, k, v, bias, attrs)
     if three_d:

@@ -53,7 +53,10 @@ def linear_attention(ctx: OpContext, x: Inputs, attrs: dict[str, Any]) -> Sequen
     k, v = _heads(need(x, 1), kv_heads, work), _heads(need(x, 2), kv_heads, work)
     decay, beta = _per_step(opt(x, 4), kv_heads, work), _per_step(opt(x, 5), kv_heads, work)
     b, d_k, d_v = q.shape[0], q.shape[-1], v.shape[-1]
-    state = torch.zeros(b, kv_heads, d_k, d_v, dtype=work) if past is None else past.to(work)
+    if past is None:
+        state = torch.zeros(b, kv_heads, d_k, d_v, dtype=work, device=query.device)
+    else:
+        state = past.to(work)
     scale = float(attrs.get("scale", 0.0)) or 1 / math.sqrt(d_k)
     outputs = []
     for i in range(q.shape[2]):
@@ -94,8 +97,11 @@ def tensor_scatter(ctx: OpContext, x: Inputs, attrs: dict[str, Any]) -> torch.Te
     axis = axis_of(int(attrs.get("axis", -2)), cache.dim())
     size, n = cache.shape[axis], update.shape[axis]
     batch = cache.shape[0]
-    start = torch.zeros(batch, dtype=torch.int64) if where is None else where.to(torch.int64)
-    positions = start.reshape(-1, 1) + torch.arange(n)  # (batch, n)
+    if where is None:
+        start = torch.zeros(batch, dtype=torch.int64, device=cache.device)
+    else:
+        start = where.to(torch.int64)
+    positions = start.reshape(-1, 1) + torch.arange(n, device=start.device)  # (batch, n)
     if str(attrs.get("mode", "linear")) == "circular":
         positions = positions % size
     if axis == 0:

@@ -101,7 +101,7 @@ def _window(terms: tuple[float, ...]) -> Any:
         out = torch.zeros(size, dtype=torch.float64)
         for k, a in enumerate(terms):
             out = out + (-1) ** k * a * torch.cos(2 * math.pi * k * n / periods)
-        return out.to(ctx.dtype(int(attrs.get("output_datatype", 1))))
+        return out.to(ctx.dtype(int(attrs.get("output_datatype", 1)))).to(ctx.device)
 
     return op
 
@@ -137,4 +137,4 @@ def mel_weight_matrix(ctx: OpContext, x: Inputs, attrs: dict[str, Any]) -> torch
                 out[j, i] = (j - left) / (center - left)
         for j in range(center, right):
             out[j, i] = (right - j) / (right - center)
-    return out.to(ctx.dtype(int(attrs.get("output_datatype", 1))))
+    return out.to(ctx.dtype(int(attrs.get("output_datatype", 1)))).to(ctx.device)

@@ -67,5 +67,5 @@ def tfidf_vectorizer(ctx: OpContext, x: Inputs, attrs: dict[str, Any]) -> torch.
             slot = indexes[position]
             tf = 1.0 if mode == "IDF" else float(count)
             out[r, slot] = tf * (weights[position] if mode != "TF" else 1.0)
-    out = out.to(ctx.dtype(1))
+    out = out.to(ctx.dtype(1)).to(ctx.device)
     return out[0] if data.dim() == 1 else out

@@ -93,14 +93,16 @@ def non_max_suppression(ctx: OpContext, x: Inputs, attrs: dict[str, Any]) -> tor
     score_threshold = (
         float(score_t.reshape(-1)[0]) if score_t is not None and score_t.numel() else None
     )
-    corners = _corners(boxes.to(torch.float64), bool(attrs.get("center_point_box", 0)))
+    # On the host in float64: a greedy loop of scalar decisions (and MPS has no float64).
+    corners = _corners(boxes.cpu().to(torch.float64), bool(attrs.get("center_point_box", 0)))
+    scores = scores.cpu()
     rows = []
     for b in range(boxes.shape[0]):
         iou = _iou(corners[b])
         for c in range(scores.shape[1]):
             kept = _greedy(iou, scores[b, c], keep, (iou_threshold, score_threshold))
             rows += [(b, c, i) for i in kept]
-    return torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
+    return torch.tensor(rows, dtype=torch.int64, device=boxes.device).reshape(-1, 3)
 
 
 def _col2im_index(
@@ -193,9 +195,15 @@ def _roi(
     grid_w = ratio if ratio > 0 else math.ceil(w / out_w)
     ylo, yhi, ywl, ywh, yok = _axis_samples(y1, h, out_h, grid_h, image.shape[1])
     xlo, xhi, xwl, xwh, xok = _axis_samples(x1, w, out_w, grid_w, image.shape[2])
-    ok = (yok[:, None] & xok[None, :]).to(image.dtype)
+
+    def on_image(t: torch.Tensor) -> torch.Tensor:  # host-side tables to the image's device
+        return t.to(image.dtype).to(image.device)
+
+    ok = on_image(yok[:, None] & xok[None, :])
     corners = [
-        image[:, ya][:, :, xa] * (wy[:, None] * wx[None, :]).to(image.dtype) * ok
+        image[:, ya.to(image.device)][:, :, xa.to(image.device)]
+        * on_image(wy[:, None] * wx[None, :])
+        * ok
         for ya, wy in ((ylo, ywl), (yhi, ywh))
         for xa, wx in ((xlo, xwl), (xhi, xwh))
     ]  # each (C, out_h * grid_h, out_w * grid_w)
@@ -246,8 +254,8 @@ def _deform_columns(
     base_x = (torch.arange(kw) * dw)[None, :, None, None] + (torch.arange(ow) * sw - pw)[
         None, None, None, :
     ]
-    y = base_y.to(off.dtype) + off[:, :, :, :, 0]  # (n, g, kh, kw, oh, ow)
-    xx = base_x.to(off.dtype) + off[:, :, :, :, 1]
+    y = base_y.to(off.dtype).to(off.device) + off[:, :, :, :, 0]  # (n, g, kh, kw, oh, ow)
+    xx = base_x.to(off.dtype).to(off.device) + off[:, :, :, :, 1]
     grid = torch.stack([xx / (iw - 1) * 2 - 1, y / (ih - 1) * 2 - 1], dim=-1)
     cols = []
     for g, part in enumerate(data.chunk(groups, dim=1)):
