@@ -70,19 +70,12 @@ def quantize(
         if zero is not None:
             q = q + zero.to(q.dtype)
         q = q.clamp(lo, hi).to(torch.int64)
-        return q.to(CARRIERS.get(elem_type) or onnx_int_dtype(elem_type))
+        return q.to(onnx_to_torch_dtype(elem_type))  # int4/int2 in their carriers
     if elem_type in CARRIERS:
         if elem_type == _T.FLOAT4E2M1 and zero is not None:
             scaled = scaled + zero.to(scaled.dtype)
         return to_narrow(scaled, elem_type, saturate=saturate)
     raise BackendError(f"QuantizeLinear to {_T.DataType.Name(elem_type)} is not supported")
-
-
-def onnx_int_dtype(elem_type: int) -> torch.dtype:
-    types: dict[int, torch.dtype] = {
-        _T.UINT8: torch.uint8, _T.INT8: torch.int8, _T.UINT16: torch.uint16, _T.INT16: torch.int16
-    }  # fmt: skip
-    return types[elem_type]
 
 
 def _work(ctx: OpContext, scale: torch.Tensor, attrs: dict[str, Any]) -> torch.dtype:
