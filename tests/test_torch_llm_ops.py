@@ -276,3 +276,17 @@ def test_planted_fault_in_an_attention_block_is_named_on_the_torch_backend(
     assert result.verdict == "diverged"
     assert result.root_cause is not None and result.root_cause.nodes == ("attn",)
     assert any("float64 values from torch" in n for n in result.notes), result.notes
+
+
+@pytest.mark.parametrize("elem_type", [TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2])
+def test_a_cast_through_float8_rounds_in_the_oracle_too(elem_type: int) -> None:
+    """float8 is quantized data, not a compute precision: the float64 oracle keeps the
+    rounding (and saturation), as ONNX Runtime and onnx.reference do."""
+    nodes = [
+        helper.make_node("Cast", ["x"], ["q"], to=elem_type),
+        helper.make_node("Cast", ["q"], ["y"], to=F),
+    ]
+    inputs = [helper.make_tensor_value_info("x", F, [64])]
+    model = _model(nodes, inputs, [helper.make_tensor_value_info("y", F, [64])], 21)
+    x = (np.random.default_rng(5).standard_normal(64) * 300).astype(np.float32)
+    _agree(model, {"x": x}, rtol=0)

@@ -1,10 +1,12 @@
 """Cast, CastLike and Identity.
 
 A Cast to a floating type goes through the backend's policy (``ctx.dtype``), so a float64
-oracle keeps every ``Cast(to=FLOAT)`` in float64 (and a Cast to float8 too: the oracle
-computes what the model means, not its rounding). Casts to float8, float4 and the sub-byte
-integers round onto the type's grid in its carrier (narrow.py), with ``saturate`` and
-``round_mode``; a Cast to string is reported as unsupported.
+oracle keeps every ``Cast(to=FLOAT)`` or ``FLOAT16`` in float64: those are precision choices.
+Casts to float8, float4 and the sub-byte integers round onto the type's grid (narrow.py, with
+``saturate`` and ``round_mode``) under any policy: they quantize, like QuantizeLinear, and
+the onnx.reference oracle and transforms/upcast.py treat them so too. As written the result
+travels in the type's carrier; under a policy, in the policy's dtype. A Cast to string is
+reported as unsupported.
 """
 
 from __future__ import annotations
@@ -40,12 +42,18 @@ def _cast_to(
     ctx: OpContext, t: torch.Tensor, elem_type: int, attrs: dict[str, Any]
 ) -> torch.Tensor:
     target = _target(ctx, elem_type)
-    if elem_type in CARRIERS and target == CARRIERS[elem_type]:  # not widened by the policy
+    if elem_type in CARRIERS:  # under a policy, the grid's values in the policy's dtype
         saturate = bool(attrs.get("saturate", 1))
-        return to_narrow(t, elem_type, saturate=saturate, round_mode=attrs.get("round_mode", "up"))
-    if t.dtype in (torch.float8_e8m0fnu,):
-        t = t.to(torch.float32)  # torch converts E8M0 to float32 only
-    return _convert(t, target)
+        narrow = to_narrow(
+            t, elem_type, saturate=saturate, round_mode=attrs.get("round_mode", "up")
+        )
+        return narrow if target == narrow.dtype else _convert(_widened(narrow), target)
+    return _convert(_widened(t), target)
+
+
+def _widened(t: torch.Tensor) -> torch.Tensor:
+    # torch converts E8M0 to float32 only.
+    return t.to(torch.float32) if t.dtype == torch.float8_e8m0fnu else t
 
 
 def _target(ctx: OpContext, elem_type: int) -> torch.dtype:
