@@ -194,22 +194,21 @@ def test_an_operator_it_lacks_is_named_with_its_version() -> None:
     """The error names the node, the operator and its version, and reads as "not supported"
     (which isolation turns into the verdict ``unsupported``). Bisecting a target that fails on
     the whole model to that node is issue 12; today that is a one-line exit 2."""
-    boxes = helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 4, 4])
-    scores = helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 1, 4])
-    keep = helper.make_tensor_value_info("keep", TensorProto.INT64, [None, 3])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    draws = helper.make_tensor_value_info("draws", TensorProto.FLOAT, [2, 3])
     model = make(
         [
-            helper.make_node("Sigmoid", ["scores"], ["p"], name="sig"),
-            helper.make_node("NonMaxSuppression", ["boxes", "p"], ["keep"], name="nms"),
+            helper.make_node("Sigmoid", ["x"], ["p"], name="sig"),
+            # Left out on purpose: its draws would be torch's, not the reference's.
+            helper.make_node("Bernoulli", ["p"], ["draws"], name="coin"),
         ],
-        [boxes, scores],
-        [keep],
+        [x],
+        [draws],
     )
-    feeds = {"boxes": np.zeros((1, 4, 4), np.float32), "scores": np.zeros((1, 1, 4), np.float32)}
     with pytest.raises(BackendError) as info:
-        create_backend("torch:cpu").run(model, feeds)
+        create_backend("torch:cpu").run(model, {"x": np.zeros((2, 3), np.float32)})
     message = str(info.value)
-    assert "node 'nms'" in message and "does not support NonMaxSuppression version 11" in message
+    assert "node 'coin'" in message and "does not support Bernoulli version 15" in message
     assert IsolationFailure(message).unsupported
 
 

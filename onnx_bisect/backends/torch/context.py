@@ -20,12 +20,14 @@ import onnx
 import torch
 from onnx import helper
 
+from onnx_bisect.backends.torch.narrow import CARRIERS, carrier_from_numpy, numpy_from_carrier
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.weights import tensor_array
 
 __all__ = [
     "SUPPORTED_TYPES",
     "OpContext",
+    "TensorSequence",
     "RunGraph",
     "cpu_channels_last",
     "attributes",
@@ -52,6 +54,7 @@ _DTYPES: dict[int, torch.dtype] = {
     onnx.TensorProto.UINT32: torch.uint32,
     onnx.TensorProto.UINT64: torch.uint64,
     onnx.TensorProto.BOOL: torch.bool,
+    **CARRIERS,  # float8, float4, int4, int2: carried in a torch dtype (narrow.py)
 }
 
 
@@ -73,6 +76,12 @@ class OpContext:
     opset: int  # the model's opset for the node's domain
     run_graph: RunGraph
     num_outputs: int = 1  # how many outputs the node declares (Split without sizes needs it)
+    # The ONNX element type of each input where the graph declares it (0: not declared): a
+    # carrier (int8 for int4) does not tell QuantizeLinear which range its zero point has.
+    input_types: tuple[int, ...] = ()
+
+    def input_type(self, i: int) -> int:
+        return self.input_types[i] if i < len(self.input_types) else 0
 
     def floating(self, dtype: torch.dtype) -> torch.dtype:
         """``dtype`` under the policy: floating types become the policy's, others stay."""
@@ -107,6 +116,9 @@ def untraced() -> Iterator[None]:
 def from_numpy(array: npt.NDArray[Any], device: torch.device) -> torch.Tensor:
     if array.dtype == np.dtype("O") or array.dtype.kind in "SU":
         raise BackendError("the torch backend does not support string tensors")
+    carried = carrier_from_numpy(array)
+    if carried is not None:
+        return carried.to(device)
     if "bfloat16" in str(array.dtype):  # ml_dtypes' bfloat16: torch reads it as raw bits
         bits = from_numpy(array.view(np.uint16), device)
         return bits.view(torch.bfloat16)
@@ -127,11 +139,23 @@ def cpu_channels_last(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+class TensorSequence(list[torch.Tensor]):
+    """An ONNX sequence value: its tensors in order. A distinct type, because an op that
+    returns a plain list returns several outputs; an op producing a sequence returns
+    ``[TensorSequence(...)]``. An empty optional is None, like an omitted input."""
+
+
 def to_numpy(tensor: torch.Tensor) -> npt.NDArray[Any]:
-    """A numpy copy; bfloat16, which numpy lacks, comes back as float32 (exact)."""
+    """A numpy copy; bfloat16, which numpy lacks, comes back as float32 (exact). A sequence
+    comes back as a list of arrays."""
+    if isinstance(tensor, TensorSequence):
+        return [to_numpy(t) for t in tensor]
     t = tensor.detach()
     if t.dtype == torch.bfloat16:
         t = t.to(torch.float32)
+    narrow = numpy_from_carrier(t)
+    if narrow is not None:
+        return narrow
     # Conv computes channels-last on CPU (ops/linear.py); callers get C-ordered arrays.
     array = t.cpu().numpy()
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)  # keeps 0-d

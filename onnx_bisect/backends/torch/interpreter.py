@@ -10,14 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy.typing as npt
 import onnx
 import torch
 from onnx import numpy_helper
 
-from onnx_bisect.backends.torch.context import OpContext, attributes, cpu_channels_last
+from onnx_bisect.backends.torch.context import (
+    OpContext,
+    TensorSequence,
+    attributes,
+    cpu_channels_last,
+)
 from onnx_bisect.backends.torch.ops import lookup
 from onnx_bisect.backends.torch.ops.registry import OpFn, UnsupportedOperator
 from onnx_bisect.backends.torch.rounding import Rounding
@@ -62,6 +67,7 @@ class Program:
         self._scope: dict[str, torch.Tensor | None] = {}
         self.inputs = [v.name for v in graph.input]
         self.outputs = [v.name for v in graph.output]
+        self._declared = _declared_types(graph)
         base = OpContext(device, policy, 0, self._run_subgraph)
         self.constants = {t.name: self._weights.get(t, base) for t in graph.initializer}
         reads = [frozenset(referenced_names(node)) for node in graph.node]
@@ -79,7 +85,10 @@ class Program:
             fn = lookup(node.op_type, opset, domain)
         except UnsupportedOperator as exc:
             raise UnsupportedOperator(f"node {node.name!r}: {exc}", node=node.name) from None
-        ctx = OpContext(self.device, self.policy, opset, self._run_subgraph, len(node.output))
+        types = tuple(self._declared.get(n, 0) for n in node.input)
+        ctx = OpContext(
+            self.device, self.policy, opset, self._run_subgraph, len(node.output), types
+        )
         return _Step(node, fn, attributes(node), ctx, reads)
 
     def feed(self, arrays: Mapping[str, npt.NDArray[Any]]) -> dict[str, torch.Tensor]:
@@ -89,7 +98,8 @@ class Program:
         missing = [n for n in self.inputs if n not in arrays and n not in self.constants]
         if missing:
             raise BackendError(f"no value fed for graph input(s) {', '.join(missing[:5])}")
-        return {n: base.tensor(arrays[n]) for n in self.inputs if n in arrays}
+        # An empty optional input is fed as None, which ops read as an absent value.
+        return {n: cast(torch.Tensor, _value(base, arrays[n])) for n in self.inputs if n in arrays}
 
     def run(
         self,
@@ -194,6 +204,25 @@ class WeightCache:
             self._kept[key] = (raw, tensor)
             self._bytes += len(raw)
         return tensor
+
+
+def _value(ctx: OpContext, fed: Any) -> torch.Tensor | None:
+    """A fed array as a tensor; a list (a sequence input) as a sequence, None (an empty
+    optional) as None."""
+    if fed is None:
+        return None
+    if isinstance(fed, list):
+        return TensorSequence(ctx.tensor(a) for a in fed)  # type: ignore[return-value]
+    return ctx.tensor(fed)
+
+
+def _declared_types(graph: onnx.GraphProto) -> dict[str, int]:
+    """The element types the graph states (inputs, initializers, value_info), by name."""
+    out = {t.name: t.data_type for t in graph.initializer}
+    for v in [*graph.input, *graph.value_info, *graph.output]:
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
+            out[v.name] = v.type.tensor_type.elem_type
+    return out
 
 
 def _drop(name: str, value: torch.Tensor | None) -> None:

@@ -76,6 +76,12 @@ def _thresholded_relu(t: torch.Tensor, attrs: dict[str, Any]) -> torch.Tensor:
     return torch.where(t > attrs.get("alpha", 1.0), t, torch.zeros_like(t))
 
 
+def _shrink(t: torch.Tensor, attrs: dict[str, Any]) -> torch.Tensor:
+    lambd, bias = float(attrs.get("lambd", 0.5)), float(attrs.get("bias", 0.0))
+    out = torch.where(t < -lambd, t + bias, torch.where(t > lambd, t - bias, 0))
+    return out.to(t.dtype)
+
+
 _ACTIVATIONS: dict[str, tuple[int, Activation]] = {
     "Relu": (1, _relu),
     "LeakyRelu": (1, _leaky_relu),
@@ -96,6 +102,7 @@ _ACTIVATIONS: dict[str, tuple[int, Activation]] = {
     "Mish": (18, lambda t, a: t * torch.tanh(_softplus(t))),
     "ThresholdedRelu": (10, _thresholded_relu),
     "Swish": (24, lambda t, a: t * torch.sigmoid(t * a.get("alpha", 1.0))),
+    "Shrink": (9, _shrink),
 }
 
 
@@ -117,6 +124,15 @@ def prelu(ctx: OpContext, x: Inputs, attrs: dict[str, Any]) -> torch.Tensor:
         raise BackendError("PRelu needs X and slope")
     # slope broadcasts to X (unidirectionally), e.g. [C, 1, 1] against [N, C, H, W].
     return torch.where(t < 0, t * slope, t).expand(t.shape)
+
+
+@register("SwiGLU", since=28)
+def swiglu(ctx: OpContext, x: Inputs, attrs: dict[str, Any]) -> torch.Tensor:
+    """Swish(A; alpha) * B, the gated feed-forward of Llama-style MLPs."""
+    a, b = x[0], x[1]
+    if a is None or b is None:
+        raise BackendError("SwiGLU needs A and B")
+    return a * torch.sigmoid(a * float(attrs.get("alpha", 1.0))) * b
 
 
 # Softmax, LogSoftmax and Hardmax.

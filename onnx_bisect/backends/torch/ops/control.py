@@ -1,8 +1,8 @@
 """Control flow: If, Loop and Scan, running their subgraphs through the interpreter.
 
 Conditions and trip counts are read back to Python (one device sync per decision): the
-interpreter is eager, so the branch taken must be known before it runs. Sequence-typed
-values are not supported by the interpreter, so neither are Loops that carry them.
+interpreter is eager, so the branch taken must be known before it runs. Values may be
+sequences (ops/sequence.py) or empty optionals (None) where the graph carries them.
 """
 
 from __future__ import annotations
@@ -131,3 +131,29 @@ def scan(ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]) ->
         ordered = parts[::-1] if out_dirs[j] else parts
         stacked.append(_stack(ctx, body, n + j, ordered, out_axes[j]))
     return [*states, *stacked]
+
+
+@register("Scan", since=8, until=8)
+def scan_8(
+    ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]
+) -> list[torch.Tensor]:
+    """Scan-8: every state and input has a leading batch axis (the scan axis is the next
+    one) and the first input holds optional per-batch lengths; each batch entry is a Scan-9
+    run of its own."""
+    lengths, values = x[0], _present(x[1:], "Scan input")
+    m = int(attrs["num_scan_inputs"])
+    inner = {
+        "body": attrs["body"],
+        "num_scan_inputs": m,
+        "scan_input_directions": attrs.get("directions", [0] * m),
+    }
+    runs: list[list[torch.Tensor]] = []
+    for b in range(values[0].shape[0]):
+        sliced: list[torch.Tensor] = [v[b] for v in values]
+        if lengths is not None:
+            count = int(lengths.reshape(-1)[b])
+            sliced[len(sliced) - m :] = [s[:count] for s in sliced[len(sliced) - m :]]
+        out = scan(ctx, [*sliced], inner)
+        assert not isinstance(out, torch.Tensor)
+        runs.append(_present(list(out), "Scan output"))
+    return [torch.stack([run[i] for run in runs]) for i in range(len(runs[0]))]

@@ -207,22 +207,34 @@ def one_hot(ctx: OpContext, x: _Inputs, attrs: _Attrs) -> torch.Tensor:
     return out.movedim(-1, axis)
 
 
-@register("CumSum", since=11)
-def cum_sum(ctx: OpContext, x: _Inputs, attrs: _Attrs) -> torch.Tensor:
-    data = need(x, 0)
-    axis = axis_of(ints(need(x, 1))[0], data.ndim)
-    # Two's complement sums wrap the same way signed or not.
+def _cumulative(data: torch.Tensor, axis: int, attrs: _Attrs, *, product: bool) -> torch.Tensor:
+    """CumSum or CumProd along ``axis``, ``exclusive`` and ``reverse`` as ONNX defines them."""
+    # Two's complement sums and products wrap the same way signed or not.
     work = as_bits(data)
     if attrs.get("reverse", 0):
         work = work.flip(axis)
-    out = torch.cumsum(work, dim=axis, dtype=work.dtype)
+    scan = torch.cumprod if product else torch.cumsum
+    out = scan(work, dim=axis, dtype=work.dtype)
     if attrs.get("exclusive", 0):
         n = out.shape[axis]
-        zero = torch.zeros_like(out.narrow(axis, 0, min(n, 1)))
-        out = torch.cat([zero, out.narrow(axis, 0, max(n - 1, 0))], dim=axis)
+        first = out.narrow(axis, 0, min(n, 1))
+        start = torch.ones_like(first) if product else torch.zeros_like(first)
+        out = torch.cat([start, out.narrow(axis, 0, max(n - 1, 0))], dim=axis)
     if attrs.get("reverse", 0):
         out = out.flip(axis)
     return from_bits(out, data.dtype)
+
+
+@register("CumSum", since=11)
+def cum_sum(ctx: OpContext, x: _Inputs, attrs: _Attrs) -> torch.Tensor:
+    data = need(x, 0)
+    return _cumulative(data, axis_of(ints(need(x, 1))[0], data.ndim), attrs, product=False)
+
+
+@register("CumProd", since=26)
+def cum_prod(ctx: OpContext, x: _Inputs, attrs: _Attrs) -> torch.Tensor:
+    data = need(x, 0)
+    return _cumulative(data, axis_of(ints(need(x, 1))[0], data.ndim), attrs, product=True)
 
 
 @register("Trilu", since=14)
@@ -279,3 +291,18 @@ def unique(ctx: OpContext, x: _Inputs, attrs: _Attrs) -> list[torch.Tensor]:
         values = values.index_select(dim, order)
         first, counts, inverse = first[order], counts[order], rank[inverse]
     return [values, first, inverse, counts]
+
+
+@register("ReverseSequence", since=10)
+def reverse_sequence(ctx: OpContext, x: _Inputs, attrs: _Attrs) -> torch.Tensor:
+    """The first ``sequence_lens[b]`` steps of each batch entry reversed along the time axis."""
+    data, lens = need(x, 0), need(x, 1).to(torch.int64)
+    batch_axis, time_axis = int(attrs.get("batch_axis", 1)), int(attrs.get("time_axis", 0))
+    steps = torch.arange(data.shape[time_axis], device=data.device)
+    # (batch, time): where each output step reads from
+    source = torch.where(steps < lens[:, None], lens[:, None] - 1 - steps, steps)
+    if batch_axis > time_axis:
+        source = source.transpose(0, 1)
+    shape = [1] * data.dim()
+    shape[batch_axis], shape[time_axis] = data.shape[batch_axis], data.shape[time_axis]
+    return torch.gather(data, time_axis, source.reshape(shape).expand(data.shape))

@@ -184,3 +184,28 @@ def global_lp_pool(
     data = need(x, 0)
     p = _lp_p(attrs)
     return data.abs().pow(p).sum(dim=_spatial(data), keepdim=True).pow(1.0 / p)
+
+
+@register("MaxUnpool", since=9)
+def max_unpool(ctx: OpContext, x: list[torch.Tensor | None], attrs: dict[str, Any]) -> torch.Tensor:
+    """Each value written back at its MaxPool index (flat over the whole unpooled tensor),
+    zeros elsewhere; an ``output_shape`` larger than the inferred one pads at the end."""
+    data, indices = need(x, 0), need(x, 1)
+    n = data.dim() - 2
+    kernel = [int(k) for k in attrs["kernel_shape"]]
+    strides = ints(attrs, "strides", 1, n)
+    pads = ints(attrs, "pads", 0, 2 * n)
+    inferred = [
+        (data.shape[i + 2] - 1) * strides[i] - pads[i] - pads[i + n] + kernel[i] for i in range(n)
+    ]
+    full = [data.shape[0], data.shape[1], *inferred]
+    flat = torch.zeros(math.prod(full), dtype=data.dtype, device=data.device)
+    flat[indices.reshape(-1).to(torch.int64)] = data.reshape(-1)
+    out = flat.reshape(full)
+    shape_t = x[2] if len(x) > 2 else None
+    if shape_t is None:
+        return out
+    shape = [int(v) for v in shape_t.reshape(-1).tolist()]
+    padded = torch.zeros(shape, dtype=data.dtype, device=data.device)
+    padded[tuple(slice(0, s) for s in full)] = out
+    return padded
