@@ -151,7 +151,12 @@ def test_over_2gb_of_weights_is_sized_and_linked_without_a_byte_read(tmp_path: P
     size = model_bytes(loaded.model)
     assert (size.external, size.fits) == (3 << 30, True)
     path = save_model(loaded.model, tmp_path / "run")
-    assert os.path.samefile(path.with_name("model.onnx.data"), data)
+    again = save_model(loaded.model, tmp_path / "run2")
+    shared = path.with_name("model.onnx.data")
+    # One private copy for every run (holes kept: no disk used), never a link to the user's.
+    assert os.path.samefile(shared, again.with_name("model.onnx.data"))
+    assert shared.stat().st_size == 3 << 30 and shared.stat().st_blocks == 0
+    assert data.stat().st_nlink == 1
 
 
 # --- loading and cutting keep weights on disk -----------------------------------------------
@@ -239,21 +244,31 @@ def test_every_adapter_runs_external_weights(ext: Path, spec: str, in_child: boo
 # --- writing: linked for a run, copied for a bundle -----------------------------------------
 
 
-def test_save_model_hard_links_the_weight_file(
+def test_save_model_shares_weights_without_linking_the_users_file(
     ext: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(weights, "LINK_MIN_BYTES", 0)  # linked however small
+    """Runs share one private copy of the weights (on a file system that cannot clone), made
+    once; the user's file keeps its one link, so onnx.load of the user's model works while
+    runs hold their files (onnx refuses a weight file with two links)."""
+    monkeypatch.setattr(weights, "LINK_MIN_BYTES", 0)  # shared however small
+    monkeypatch.setattr(weights, "_cache", weights.WeightsCache())
     want = _ort_inline(ext, ["y"])["y"]
     loaded = load_model(ext)
+    shared = []
     for run in ("run1", "run2"):
         path = save_model(with_outputs(loaded.model, ["y"]), tmp_path / run)
-        linked = path.with_name("model.onnx.data")
-        assert os.path.samefile(linked, _data(ext))  # the same file: no byte copied
+        shared.append(path.with_name("model.onnx.data"))
+        assert not os.path.samefile(shared[-1], _data(ext))
+        assert shared[-1].read_bytes() == _data(ext).read_bytes()  # offsets are the original
         written = onnx.load(str(path), load_external_data=False)
         assert _locations(written) == {"model.onnx.data"}
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         np.testing.assert_allclose(sess.run(["y"], X)[0], want, 1e-6)
-    assert _data(ext).stat().st_nlink == 3
+        onnx.load(str(ext))  # the user's model loads meanwhile
+    assert os.path.samefile(shared[0], shared[1])  # one copy, not one per run
+    assert _data(ext).stat().st_nlink == 1
+    weights.weights_cache().clear()
+    assert shared[0].stat().st_nlink == 2  # the two runs' names; the private copy is gone
 
 
 def test_small_weights_are_copied_into_a_plain_file(ext: Path, tmp_path: Path) -> None:
@@ -279,6 +294,7 @@ def test_without_a_link_only_the_used_weights_are_copied(
     monkeypatch.setattr(weights.os, "link", refuse)
     monkeypatch.setattr(weights, "_warned_copy", False)
     monkeypatch.setattr(weights, "LINK_MIN_BYTES", 0)
+    monkeypatch.setattr(weights, "_cache", weights.WeightsCache())
     loaded = load_model(ext)
     meta = {"a0": TensorMeta(np.dtype(np.float32), (1, 16))}
     window, feeds = isolation_model(loaded, [node_named(loaded, "mm1")], meta)
@@ -313,9 +329,10 @@ def test_inline_weights_over_the_limit_spill_beside_the_link(
     ext: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Inline weights too large for one message go to a file of their own: onnx appends to
-    the file it writes to, and the linked one is the user's."""
+    the file it writes to, and the shared one is every run's."""
     monkeypatch.setattr(sizes, "PROTO_LIMIT", 2048)
     monkeypatch.setattr(weights, "LINK_MIN_BYTES", 0)
+    monkeypatch.setattr(weights, "_cache", weights.WeightsCache())
     loaded = load_model(ext)
     model = onnx.ModelProto()
     model.CopyFrom(loaded.model)
@@ -323,8 +340,9 @@ def test_inline_weights_over_the_limit_spill_beside_the_link(
     model.graph.initializer.append(extra)
     before = _data(ext).stat().st_size
     path = save_model(model, tmp_path / "run")
-    assert os.path.samefile(path.with_name("model.onnx.data"), _data(ext))
-    assert _data(ext).stat().st_size == before
+    shared = path.with_name("model.onnx.data")
+    assert shared.stat().st_nlink == 2  # the private copy and this run's name
+    assert shared.stat().st_size == _data(ext).stat().st_size == before
     spilled = path.with_name("model.onnx.inline.data")
     assert spilled.stat().st_size == 16 * 16 * 4
     written = onnx.load(str(path), load_external_data=False)
