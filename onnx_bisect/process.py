@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["INTERRUPT_GRACE_S", "python_child_env", "return_large_frees", "run_child"]
 
@@ -63,7 +63,8 @@ def run_child(
     Ctrl-C, SIGTERM or any other exception it
     forwards SIGINT to the group, waits ``INTERRUPT_GRACE_S`` for it to clean up, and kills
     what is left: in a session of its own, the child does not get the terminal's SIGINT, and
-    it must not outlive us.
+    it must not outlive us. Where nothing of ours runs any more (SIGKILL), the kernel kills
+    the child (Linux's parent-death signal).
     """
     proc = subprocess.Popen(
         list(argv),
@@ -73,6 +74,7 @@ def run_child(
         env=dict(env) if env is not None else None,
         cwd=cwd,
         start_new_session=os.name == "posix",
+        preexec_fn=_dies_with_parent(),
     )
     try:
         out, err = _collect(proc, timeout)
@@ -91,6 +93,29 @@ def run_child(
             _reap(proc)
         raise
     return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _dies_with_parent() -> Callable[[], None] | None:
+    """For the child, between fork and exec: SIGKILL when the thread that started it dies, as
+    it does when we are killed with SIGKILL and no ``finally`` runs (Linux only). The C
+    function is looked up here, so that the forked child calls it and nothing else."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # died before the signal was armed
+            os._exit(1)
+
+    return arm
 
 
 # After the child exits, how long what it wrote may still take to arrive through its pipes
