@@ -346,6 +346,11 @@ class WeightsCache:
 
     def copy_of(self, source: Path) -> Path | None:
         with self._lock:
+            here = Path(tempfile.gettempdir())
+            if self._dir is not None and (self._dir.parent != here or not self._dir.is_dir()):
+                # A new command's temporary folder (the last one's went with its copies).
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir, self._copies = None, {}
             if source not in self._copies:
                 self._copies[source] = self._copy(source)
             return self._copies[source]
