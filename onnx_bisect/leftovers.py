@@ -11,7 +11,6 @@ locked, then renamed, so that no sweep can take it between its creation and its 
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import shutil
@@ -23,6 +22,11 @@ from pathlib import Path
 __all__ = ["RUN_PREFIX", "held_dir", "run_temp_dir", "sweep"]
 
 log = logging.getLogger(__name__)
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, so no sweep; a run's own cleanup still runs
+    fcntl = None  # type: ignore[assignment]
 
 # A command's temporary folder in the system's: ``onnx-bisect-run-<pid>-XXXXXX``.
 RUN_PREFIX = "onnx-bisect-run-"
@@ -37,7 +41,8 @@ def held_dir(parent: Path, prefix: str) -> Iterator[Path]:
     pending = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", suffix=_NEW, dir=parent))
     fd = os.open(pending, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # our own fresh folder: nobody else holds it
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # our own fresh folder: nobody else holds it
         path = pending.with_name(pending.name.removesuffix(_NEW))
         os.rename(pending, path)
         try:
@@ -53,6 +58,8 @@ def sweep(parent: Path, prefix: str) -> list[Path]:
     """Remove the folders ``parent/<prefix>*`` whose run is gone (nobody holds their lock);
     return them. Those of live runs, and anything that is not a folder, are left alone."""
     removed: list[Path] = []
+    if fcntl is None:
+        return removed
     try:
         entries = list(Path(parent).iterdir())
     except OSError:

@@ -10,7 +10,9 @@ import errno
 import logging
 import os
 import shlex
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +32,8 @@ from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.save import save_model, save_portable
 from onnx_bisect.graph.sizes import model_bytes
 from onnx_bisect.graph.view import TensorMeta
+from onnx_bisect.leftovers import run_temp_dir
+from onnx_bisect.process import python_child_env
 from tests.models import (
     FAULTY_RUNTIME,
     TRANSFORMER,
@@ -269,6 +273,28 @@ def test_save_model_shares_weights_without_linking_the_users_file(
     assert _data(ext).stat().st_nlink == 1
     weights.weights_cache().clear()
     assert shared[0].stat().st_nlink == 2  # the two runs' names; the private copy is gone
+
+
+def test_a_commands_child_processes_share_its_one_copy(
+    ext: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within a command's temporary folder the copy is its children's too (their TMPDIR): a
+    sandboxed runtime's run links the parent's copy instead of copying the weights again."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(weights, "_cache", weights.WeightsCache())
+    with run_temp_dir() as root:
+        mine = weights.weights_cache().copy_of(_data(ext))
+        code = "import sys; from pathlib import Path; from onnx_bisect.graph.weights import "
+        code += "weights_cache; print(weights_cache().copy_of(Path(sys.argv[1])))"
+        child = subprocess.run(
+            [sys.executable, "-c", code, str(_data(ext))],
+            env=python_child_env(), capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert mine is not None and mine.parent == root / "weights"
+        assert Path(child.stdout.strip()) == mine
+        assert [p.name for p in mine.parent.iterdir()] == [mine.name]  # copied once
+        assert _data(ext).stat().st_nlink == 1
+    assert not root.exists()
 
 
 def test_small_weights_are_copied_into_a_plain_file(ext: Path, tmp_path: Path) -> None:

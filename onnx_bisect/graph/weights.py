@@ -37,6 +37,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnx_bisect.errors import ModelLoadError
+from onnx_bisect.leftovers import RUN_PREFIX
 
 __all__ = [
     "ExternalRef",
@@ -335,37 +336,57 @@ def _clone(source: Path, target: Path) -> bool:
 
 
 class WeightsCache:
-    """This process's private copies of the user's weight files, one per file, made the first
-    time a runtime needs a file that cannot be cloned; removed at exit (and, after a killed
-    run, by the next run's sweep of the temporary folders: ``process.sweep_leftovers``)."""
+    """Private copies of the user's weight files, one per file, made the first time a runtime
+    needs a file that cannot be cloned. Within a command's temporary folder (the console
+    scripts make one: ``leftovers.run_temp_dir``) they are kept in its ``weights/``, which the
+    command's child processes share (it is their ``TMPDIR``: a sandboxed OpenVINO copies
+    nothing again) and which goes with the folder, a killed command's with the next one's
+    sweep; elsewhere, in a folder of this process's, removed at exit."""
 
     def __init__(self) -> None:
-        self._dir: Path | None = None
-        self._copies: dict[Path, Path | None] = {}
+        self._own: Path | None = None
+        self._failed: set[Path] = set()
         self._lock = threading.Lock()
 
     def copy_of(self, source: Path) -> Path | None:
+        """The copy of ``source`` (made now if there is none), or None when none can be made."""
         with self._lock:
-            here = Path(tempfile.gettempdir())
-            if self._dir is not None and (self._dir.parent != here or not self._dir.is_dir()):
-                # A new command's temporary folder (the last one's went with its copies).
-                shutil.rmtree(self._dir, ignore_errors=True)
-                self._dir, self._copies = None, {}
-            if source not in self._copies:
-                self._copies[source] = self._copy(source)
-            return self._copies[source]
+            if source in self._failed:
+                return None
+            st = source.stat()
+            folder = self._folder()
+            # Named by the file's identity and version: an edited file gets a new copy.
+            target = folder / f"{st.st_dev}-{st.st_ino}-{st.st_size}-{st.st_mtime_ns}.data"
+            if target.exists() or self._copy(source, target):
+                return target
+            self._failed.add(source)
+            return None
 
-    def _copy(self, source: Path) -> Path | None:
-        if self._dir is None:
-            self._dir = Path(tempfile.mkdtemp(prefix="onnx-bisect-weights-"))
-            atexit.register(self.clear)
-        target = self._dir / f"{len(self._copies)}.data"
+    def _folder(self) -> Path:
+        here = Path(tempfile.gettempdir())
+        if here.name.startswith(RUN_PREFIX):
+            shared = here / "weights"
+            shared.mkdir(exist_ok=True)
+            return shared
+        if self._own is None or not self._own.is_dir():
+            if self._own is None:
+                atexit.register(self.clear)
+            self._own = Path(tempfile.mkdtemp(prefix="onnx-bisect-weights-"))
+        return self._own
+
+    @staticmethod
+    def _copy(source: Path, target: Path) -> bool:
+        # Written under another name and renamed: a child copying the same file meanwhile
+        # never links half of one.
+        partial = target.with_name(f".{target.name}.{os.getpid()}-{threading.get_ident()}")
         start = time.perf_counter()
         try:
-            _copy_file(source, target)
+            _copy_file(source, partial)
+            os.replace(partial, target)
         except OSError as exc:
-            log.warning("cannot copy %s into %s: %s", source, self._dir, exc.strerror or exc)
-            return None
+            partial.unlink(missing_ok=True)
+            log.warning("cannot copy %s into %s: %s", source, target.parent, exc.strerror or exc)
+            return False
         log.info(
             "weights %s copied once for file-reading runtimes (%.1f GB, %.1f s): this file "
             "system cannot clone, and a hard link would make onnx refuse the user's model",
@@ -373,13 +394,22 @@ class WeightsCache:
             target.stat().st_size / 1e9,
             time.perf_counter() - start,
         )
-        return target
+        return True
 
     def clear(self) -> None:
+        """Remove this process's own copies (a command's shared ones go with its folder)."""
         with self._lock:
-            if self._dir is not None:
-                shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir, self._copies = None, {}
+            if self._own is not None:
+                shutil.rmtree(self._own, ignore_errors=True)
+            self._own = None
+            self._failed.clear()
+
+
+_cache = WeightsCache()
+
+
+def weights_cache() -> WeightsCache:
+    return _cache
 
 
 def _copy_file(source: Path, target: Path) -> None:
@@ -404,13 +434,6 @@ def _copy_file(source: Path, target: Path) -> None:
                 start += copied
             offset = end
         dst.truncate(size)
-
-
-_cache = WeightsCache()
-
-
-def weights_cache() -> WeightsCache:
-    return _cache
 
 
 def _copy_range(ref: ExternalRef, dest: BinaryIO) -> None:
