@@ -29,9 +29,10 @@ from onnx_bisect.errors import BackendUnavailableError, ModelLoadError
 from onnx_bisect.graph import sizes, weights
 from onnx_bisect.graph.extract import isolation_model, prefix_model, window_model, with_outputs
 from onnx_bisect.graph.load import load_model
-from onnx_bisect.graph.save import save_model, save_portable
+from onnx_bisect.graph.save import save_for_child, save_model, save_portable
 from onnx_bisect.graph.sizes import model_bytes
 from onnx_bisect.graph.view import TensorMeta
+from onnx_bisect.graph.weights import read_model
 from onnx_bisect.leftovers import run_temp_dir
 from onnx_bisect.process import python_child_env
 from tests.models import (
@@ -295,6 +296,30 @@ def test_a_commands_child_processes_share_its_one_copy(
         assert [p.name for p in mine.parent.iterdir()] == [mine.name]  # copied once
         assert _data(ext).stat().st_nlink == 1
     assert not root.exists()
+
+
+def test_a_model_for_the_own_child_keeps_the_users_files_and_spills_the_rest(
+    ext: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``save_for_child``: external tensors keep their absolute locations (nothing linked or
+    copied), inline ones too large for the message spill beside the model, and the child's
+    ``read_model(own=True)`` finds both; a model of anyone else's may not point outside."""
+    monkeypatch.setattr(sizes, "PROTO_LIMIT", 2048)
+    model = onnx.ModelProto()
+    model.CopyFrom(load_model(ext).model)
+    extra = numpy_helper.from_array(np.arange(256, dtype=np.float32).reshape(16, 16), "extra")
+    model.graph.initializer.append(extra)
+    path = save_for_child(model, tmp_path / "child")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["model.onnx", "model.onnx.inline.data"]
+    assert _data(ext).stat().st_nlink == 1
+    monkeypatch.chdir(ext.parent.parent)  # relative locations must not resolve from here
+    read = read_model(path, own=True)
+    values = {t.name: weights.tensor_array(t) for t in read.graph.initializer}
+    original = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(ext)).graph.initializer}
+    assert np.array_equal(values["extra"], numpy_helper.to_array(extra))
+    assert all(np.array_equal(values[k], v) for k, v in original.items())
+    with pytest.raises(ModelLoadError, match="outside the model's directory"):
+        read_model(path)
 
 
 def test_small_weights_are_copied_into_a_plain_file(ext: Path, tmp_path: Path) -> None:

@@ -135,11 +135,14 @@ def _set_ref(t: onnx.TensorProto, location: str, offset: int, length: int) -> No
     t.external_data.extend(kept)
 
 
-def resolve_locations(model: onnx.ModelProto, base: Path, source: str) -> None:
+def resolve_locations(
+    model: onnx.ModelProto, base: Path, source: str, *, absolute_ok: bool = False
+) -> None:
     """In place: every external tensor's location made absolute against ``base`` (the model
     file's directory), after checking that it stays inside ``base`` and that its bytes are
     there. ``source`` names the model in the error: a missing or short weight file fails
-    here, in one line, not in a runtime."""
+    here, in one line, not in a runtime. ``absolute_ok``: an absolute location is taken as it
+    is (in a file this package wrote for its own child; see ``read_model``)."""
     for t in all_tensors(model):
         if not _is_external(t):
             continue
@@ -147,7 +150,9 @@ def resolve_locations(model: onnx.ModelProto, base: Path, source: str) -> None:
         if not location:
             raise ModelLoadError(f"{source}: tensor {t.name!r} is external but names no file")
         path = (base / location).resolve()
-        if not path.is_relative_to(base.resolve()):
+        if absolute_ok and Path(location).is_absolute():
+            pass  # where the parent found it: the user's file, checked when it was loaded
+        elif not path.is_relative_to(base.resolve()):
             # The rule every runtime applies (ONNX Runtime, OpenVINO, tract): a model may not
             # point at files outside its directory, by path or by symlink.
             raise ModelLoadError(
@@ -174,10 +179,8 @@ def read_model(path: Path, *, own: bool = False) -> onnx.ModelProto:
     its absolute locations (the user's weight files, where the parent found them) are kept;
     otherwise every location must lie beside the model, as runtimes require."""
     model = onnx.load(str(path), load_external_data=False)
-    if own:
-        _check_extents(model, str(path))
-    else:
-        resolve_locations(model, path.parent, str(path))
+    # Relative ones too: weights held in the message that were too large for it, spilled.
+    resolve_locations(model, path.parent, str(path), absolute_ok=own)
     return model
 
 
