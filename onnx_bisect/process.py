@@ -140,9 +140,10 @@ def _collect(proc: subprocess.Popen[bytes], timeout: float | None) -> tuple[byte
             sel.register(fd, selectors.EVENT_READ)
         while sel.get_map():
             now = time.monotonic()
-            if exited is None and proc.poll() is not None:
+            if exited is None and _exited(proc):
                 exited = now
                 # Nothing it started outlives it (a member of its group holds the pipes).
+                # Not reaped yet: its pid, and so its group's id, cannot have been reused.
                 _signal_group(proc, signal.SIGKILL)
             if exited is not None and now - exited > _DRAIN_S:
                 break
@@ -159,6 +160,16 @@ def _collect(proc: subprocess.Popen[bytes], timeout: float | None) -> tuple[byte
     proc.stdout.close()
     proc.stderr.close()
     return out, err
+
+
+def _exited(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the child has exited, without reaping it (``poll`` would)."""
+    if not hasattr(os, "waitid"):  # macOS
+        return proc.poll() is not None
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
