@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import selectors
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["INTERRUPT_GRACE_S", "python_child_env", "return_large_frees", "run_child"]
 
@@ -55,10 +57,14 @@ def run_child(
     """Run ``argv`` to completion with its output captured, in a process group of its own.
 
     Like ``subprocess.run``, it raises ``TimeoutExpired`` past ``timeout``; but it kills the
-    whole group then (a runtime's workers with it), and on Ctrl-C or any other exception it
+    whole group then (a runtime's workers with it). Unlike it, the output is read until the
+    child exits, not until every process holding its pipes does: what it left running in its
+    group is killed then, and one that left the group is not waited for (``_collect``). On
+    Ctrl-C, SIGTERM or any other exception it
     forwards SIGINT to the group, waits ``INTERRUPT_GRACE_S`` for it to clean up, and kills
     what is left: in a session of its own, the child does not get the terminal's SIGINT, and
-    it must not outlive us.
+    it must not outlive us. Where nothing of ours runs any more (SIGKILL), the kernel kills
+    the child (Linux's parent-death signal).
     """
     proc = subprocess.Popen(
         list(argv),
@@ -68,9 +74,10 @@ def run_child(
         env=dict(env) if env is not None else None,
         cwd=cwd,
         start_new_session=os.name == "posix",
+        preexec_fn=_dies_with_parent(),
     )
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = _collect(proc, timeout)
     except subprocess.TimeoutExpired:
         _signal_group(proc, signal.SIGKILL)
         _reap(proc)
@@ -86,6 +93,83 @@ def run_child(
             _reap(proc)
         raise
     return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _dies_with_parent() -> Callable[[], None] | None:
+    """For the child, between fork and exec: SIGKILL when the thread that started it dies, as
+    it does when we are killed with SIGKILL and no ``finally`` runs (Linux only). The C
+    function is looked up here, so that the forked child calls it and nothing else."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # died before the signal was armed
+            os._exit(1)
+
+    return arm
+
+
+# After the child exits, how long what it wrote may still take to arrive through its pipes
+# from processes that left its group and hold them open.
+_DRAIN_S = 0.5
+_POLL_S = 0.05
+
+
+def _collect(proc: subprocess.Popen[bytes], timeout: float | None) -> tuple[bytes, bytes]:
+    """The child's stdout and stderr, read until it exits. ``communicate`` would wait for end
+    of file, which never comes while a descendant (a runtime's ``sleep 1000 &``, a daemon)
+    holds a pipe: the tool hung forever, or until ``--timeout`` called a success a hang."""
+    assert proc.stdout is not None and proc.stderr is not None
+    if os.name != "posix":  # no selectable pipes; no process groups either
+        return proc.communicate(timeout=timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    chunks: dict[int, list[bytes]] = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}
+    exited: float | None = None
+    with selectors.DefaultSelector() as sel:
+        for fd in chunks:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map():
+            now = time.monotonic()
+            if exited is None and _exited(proc):
+                exited = now
+                # Nothing it started outlives it (a member of its group holds the pipes).
+                # Not reaped yet: its pid, and so its group's id, cannot have been reused.
+                _signal_group(proc, signal.SIGKILL)
+            if exited is not None and now - exited > _DRAIN_S:
+                break
+            if exited is None and deadline is not None and now >= deadline:
+                raise subprocess.TimeoutExpired(proc.args, timeout or 0.0)
+            for key, _ in sel.select(_POLL_S):
+                data = os.read(key.fd, 1 << 16)
+                if data:
+                    chunks[key.fd].append(data)
+                else:
+                    sel.unregister(key.fd)
+    proc.wait()
+    out, err = (b"".join(chunks[p.fileno()]) for p in (proc.stdout, proc.stderr))
+    proc.stdout.close()
+    proc.stderr.close()
+    return out, err
+
+
+def _exited(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the child has exited, without reaping it (``poll`` would)."""
+    if not hasattr(os, "waitid"):  # macOS
+        return proc.poll() is not None
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

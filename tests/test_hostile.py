@@ -11,23 +11,28 @@ path.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import onnx
+import psutil
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_bisect.cli import bisect_entry, main_entry
+from onnx_bisect.engine.oracle import float64
 from onnx_bisect.report.files import REPORT_FILES
 from onnx_bisect.report.manifest import MANIFEST, manifest_text
 from tests.browser import chromium, close, open_page
-from tests.models import FAULTY_RUNTIME, chain, make
+from tests.models import FAULTY_RUNTIME, chain, make, write_external_mlp
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -390,3 +395,255 @@ def json_entries(out: Path) -> list[str]:
     assert body["tool"] == "onnx-bisect" and body["version"]
     entries: list[str] = body["entries"]
     return entries
+
+
+# --- Lifecycle: signals, the user's weights, children that hang (issue 26.2-26.4, 28.1) ----
+# Each case runs the console script in a real process, with a TMPDIR of its own so that a
+# temporary folder left behind is seen, and checks: the exit code, one line on stderr and no
+# traceback, no process of the run left, no temporary or staging folder left, the user's
+# weight file with its one link and the model loadable with plain onnx.load.
+
+BIN = Path(sys.executable).parent
+WAIT_S = 180.0  # two shared cores and a Python start per run: generous, never a sleep
+posix_only = pytest.mark.skipif(sys.platform != "linux", reason="POSIX signals, flock, /proc")
+
+
+@pytest.fixture(scope="module")
+def big_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """96 MiB of external weights: over LINK_MIN_BYTES, so runs share the weight file rather
+    than copy the bytes they use, and over the 64 MiB where the float64 oracle used to fail."""
+    path = tmp_path_factory.mktemp("big") / "mlp.onnx"
+    write_external_mlp(path, blocks=3, width=2048, hidden=4096)
+    return path
+
+
+def slow_target(marks: Path, *flags: str, sleep: float = 1.5) -> str:
+    cmd = [sys.executable, str(FAULTY_RUNTIME), "{model}", "{inputs}", "{outputs}"]
+    more = ["--fault", "mm1=0.05", "--sleep", str(sleep), "--mark", str(marks), *flags]
+    return "exec:" + shlex.join([*cmd, *more])
+
+
+def start_bisect(tmp_path: Path, model: Path, *args: str) -> subprocess.Popen[str]:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=path)
+    return subprocess.Popen(
+        [str(BIN / "bisect"), str(model), *args],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def wait_runs(proc: subprocess.Popen[str], marks: Path, count: int) -> list[str]:
+    """The target's runs marked so far, once there are ``count`` (the process still running)."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        lines = marks.read_text().splitlines() if marks.exists() else []
+        if len(lines) >= count:
+            return lines
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"bisect ended (exit {proc.returncode}) too early: {out}{err}")
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"no run {count} within {WAIT_S:g} s")
+
+
+def finish(proc: subprocess.Popen[str], sig: int | None = None) -> tuple[int, str, str]:
+    if sig is not None:
+        proc.send_signal(sig)
+    try:
+        out, err = proc.communicate(timeout=WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"bisect did not end within {WAIT_S:g} s")
+    return proc.returncode, out, err
+
+
+def ours_alive(marker: str) -> list[str]:
+    """Processes whose command line or environment (TMPDIR) names ``marker``."""
+    alive = []
+    for p in psutil.process_iter():
+        if p.pid == os.getpid():
+            continue
+        try:
+            words = [*p.cmdline(), *p.environ().values()]
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if any(marker in w for w in words):
+            alive.append(f"{p.pid}: {' '.join(p.cmdline())}")
+    return alive
+
+
+def one_line(err: str, line: str) -> None:
+    assert "Traceback" not in err, err
+    assert err.strip() == line, err
+
+
+def assert_left_nothing(tmp_path: Path, model: Path, out: Path) -> None:
+    assert list((tmp_path / "tmp").iterdir()) == []  # no temporary folder
+    staged = [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+    assert staged == []  # no staging folder beside --out
+    assert ours_alive(str(tmp_path)) == []
+    data = model.with_name(model.name + ".data")
+    if data.exists():
+        assert data.stat().st_nlink == 1  # no link to the user's weights anywhere
+    onnx.load(str(model))  # plain onnx.load: it refuses a weight file with two links
+
+
+@posix_only
+@pytest.mark.slow
+def test_sigterm_during_isolation_of_an_external_data_model_leaves_nothing(
+    tmp_path: Path, big_model: Path
+) -> None:
+    """The acceptance case: SIGTERM (a CI cancel) while the target runs an isolation model of
+    a model with 96 MiB of external weights: exit 143, the exec: runtime ended, no temporary
+    or staging folder, no extra link to the weights, and the model loads, also during the run."""
+    marks, out = tmp_path / "marks", tmp_path / "out"
+    proc = start_bisect(tmp_path, big_model, "-t", slow_target(marks), "-o", str(out))
+    runs = wait_runs(proc, marks, 3)  # the screen, the scan, then the isolation model
+    assert big_model.with_name("mlp.onnx.data").stat().st_nlink == 1  # while the runtime runs
+    onnx.load(str(big_model))
+    code, _, err = finish(proc, signal.SIGTERM)
+    assert code == 143
+    one_line(err, "terminated (SIGTERM)")
+    assert len(marks.read_text().splitlines()) == len(runs) == 3  # stopped in the third run
+    assert not out.exists()
+    assert_left_nothing(tmp_path, big_model, out)
+
+
+@posix_only
+def test_sighup_stops_a_run_as_ctrl_c_does(tmp_path: Path, model: Path) -> None:
+    marks, out = tmp_path / "marks", tmp_path / "out"
+    target = slow_target(marks, sleep=2.0)
+    proc = start_bisect(tmp_path, model, "-t", target, "-o", str(out))
+    wait_runs(proc, marks, 1)
+    code, _, err = finish(proc, signal.SIGHUP)
+    assert code == 129
+    one_line(err, "hung up (SIGHUP)")
+    assert_left_nothing(tmp_path, model, out)
+
+
+@posix_only
+@pytest.mark.slow
+def test_after_sigkill_the_next_run_removes_what_the_killed_one_left(
+    tmp_path: Path, big_model: Path
+) -> None:
+    """SIGKILL runs no cleanup: the exec: runtime dies with its parent (the kernel's
+    parent-death signal), and the next run sweeps the killed run's temporary folder (with its
+    copy of the weights) and its staging folder, and only those."""
+    marks, out = tmp_path / "marks", tmp_path / "out"
+    proc = start_bisect(tmp_path, big_model, "-t", slow_target(marks, sleep=5), "-o", str(out))
+    wait_runs(proc, marks, 3)
+    proc.kill()
+    proc.communicate()
+    # At once, while the runtime would still be in its 5 s sleep had it not died with us.
+    deadline = time.monotonic() + 2
+    while ours_alive(str(marks)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ours_alive(str(marks)) == []
+    left = sorted(p.name for p in (tmp_path / "tmp").iterdir())
+    assert len(left) == 1 and left[0].startswith(f"onnx-bisect-run-{proc.pid}-")
+    assert [p for p in tmp_path.iterdir() if p.name.startswith(".out.onnx-bisect-")]
+    # A live concurrent run's folders are spared: one held by a process of its own.
+    live = start_bisect(tmp_path, big_model, "-t", slow_target(tmp_path / "m2", sleep=30))
+    wait_runs(live, tmp_path / "m2", 1)
+    again = start_bisect(tmp_path, big_model, "-t", "cpu", "-o", str(out), "-q")
+    code, _, err = finish(again)
+    assert code == 0, err
+    held = [p.name for p in (tmp_path / "tmp").iterdir()]
+    assert len(held) == 1 and held[0].startswith(f"onnx-bisect-run-{live.pid}-")
+    finish(live, signal.SIGTERM)
+    assert_left_nothing(tmp_path, big_model, out)
+
+
+@posix_only
+@pytest.mark.slow
+def test_the_float64_oracle_runs_on_a_large_external_data_model_while_it_loads(
+    tmp_path: Path, big_model: Path
+) -> None:
+    """Issue 28.1: over 64 MiB of external weights the oracle failed on the tool's own hard
+    link ("multiple hard links") and fell back to the slow reference evaluator. The target
+    here loads the user's model with plain onnx.load at every run, so a link to the weights
+    while the run is under way fails it."""
+    wrapper = tmp_path / "loads_the_model.py"
+    wrapper.write_text(
+        "import runpy, sys, onnx\n"
+        "onnx.load(sys.argv[1])\n"
+        "sys.argv = sys.argv[2:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    cmd = [sys.executable, str(wrapper), str(big_model), str(FAULTY_RUNTIME)]
+    target = "exec:" + shlex.join([*cmd, "{model}", "{inputs}", "{outputs}", "--fault", "mm1=0.05"])
+    out = tmp_path / "out"
+    code, stdout, err = finish(start_bisect(tmp_path, big_model, "-t", target, "-o", str(out)))
+    assert code == 1, stdout + err
+    report = json.loads((out / "report.json").read_text())
+    assert report["root_cause"]["nodes"] == ["mm1"]
+    oracle = [n for n in report["notes"] if n.startswith("--threshold auto:")]
+    assert len(oracle) == 1, report["notes"]
+    # torch in float64, and no reason why another was not used (an oracle that failed first).
+    assert re.fullmatch(
+        r"--threshold auto: float64 values from torch \S+ cpu dtype=float64 threads=\d+", oracle[0]
+    )
+    assert_left_nothing(tmp_path, big_model, out)
+
+
+def test_a_threshold_that_fell_back_is_said_next_to_the_verdict(
+    tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where no float64 oracle can run (here: a weight limit of 0 bytes, as for a model over
+    2 GB), the terminal's first lines say that the threshold fell back, and to what."""
+    monkeypatch.setattr(float64, "FLOAT64_MAX_WEIGHTS", 0)
+    with pytest.raises(SystemExit) as exit_:
+        bisect_entry([str(model), "-t", "cpu", "-o", str(tmp_path / "out")])
+    assert exit_.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("No divergence"), lines
+    assert lines[1].startswith("warning: --threshold auto: no float64 values (not measured for")
+    assert "fell back to rel_l2 > 1e-3" in " ".join(lines[1:3])
+
+
+@posix_only
+def test_a_runtime_that_leaves_a_process_holding_stderr_does_not_hang_the_tool(
+    tmp_path: Path, model: Path
+) -> None:
+    """Issue 26.4: a runtime that starts ``sleep &`` before it runs holds its stderr open in a
+    process that outlives it; the tool read until end of file, forever. Now it reads until
+    the runtime exits, and what it left in its process group goes with it."""
+    runtime = shlex.join([sys.executable, str(FAULTY_RUNTIME), "{model}", "{inputs}", "{outputs}"])
+    target = "exec:" + shlex.join(["bash", "-c", f"sleep 987.25 & exec {runtime}"])
+    out = tmp_path / "out"
+    proc = start_bisect(tmp_path, model, "-t", target, "-o", str(out), "--timeout", "60")
+    started = time.monotonic()
+    code, stdout, err = finish(proc)
+    assert code == 0, stdout + err  # the same numbers: no divergence, and no timeout either
+    assert time.monotonic() - started < 60
+    assert "Traceback" not in err
+    assert [p.pid for p in psutil.process_iter() if "987.25" in " ".join(_cmdline(p))] == []
+    assert_left_nothing(tmp_path, model, out)
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return []
+
+
+@posix_only
+@pytest.mark.slow
+def test_a_hang_is_reported_as_a_hang_of_the_node(tmp_path: Path, model: Path) -> None:
+    """A runtime that hangs whenever mm1 is in the model: ``--timeout`` kills its whole group
+    at each try, and the finding is a hang localized to mm1, not a crash of everything."""
+    marks, out = tmp_path / "marks", tmp_path / "out"
+    target = slow_target(marks, "--hang-on", "mm1", sleep=0)
+    proc = start_bisect(tmp_path, model, "-t", target, "-o", str(out), "--timeout", "3")
+    code, stdout, err = finish(proc)
+    assert code == 1, stdout + err
+    assert "Traceback" not in err
+    cause = json.loads((out / "report.json").read_text())["root_cause"]
+    assert cause["nodes"] == ["mm1"] and cause["kind"] == "crash", cause
+    assert "hangs (timed out after 3 s) whenever MatMul 'mm1' is in the model" in cause["reason"]
+    assert "Identity" not in stdout
+    assert_left_nothing(tmp_path, model, out)

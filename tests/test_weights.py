@@ -10,7 +10,9 @@ import errno
 import logging
 import os
 import shlex
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +29,12 @@ from onnx_bisect.errors import BackendUnavailableError, ModelLoadError
 from onnx_bisect.graph import sizes, weights
 from onnx_bisect.graph.extract import isolation_model, prefix_model, window_model, with_outputs
 from onnx_bisect.graph.load import load_model
-from onnx_bisect.graph.save import save_model, save_portable
+from onnx_bisect.graph.save import save_for_child, save_model, save_portable
 from onnx_bisect.graph.sizes import model_bytes
 from onnx_bisect.graph.view import TensorMeta
+from onnx_bisect.graph.weights import read_model
+from onnx_bisect.leftovers import run_temp_dir
+from onnx_bisect.process import python_child_env
 from tests.models import (
     FAULTY_RUNTIME,
     TRANSFORMER,
@@ -151,7 +156,12 @@ def test_over_2gb_of_weights_is_sized_and_linked_without_a_byte_read(tmp_path: P
     size = model_bytes(loaded.model)
     assert (size.external, size.fits) == (3 << 30, True)
     path = save_model(loaded.model, tmp_path / "run")
-    assert os.path.samefile(path.with_name("model.onnx.data"), data)
+    again = save_model(loaded.model, tmp_path / "run2")
+    shared = path.with_name("model.onnx.data")
+    # One private copy for every run (holes kept: no disk used), never a link to the user's.
+    assert os.path.samefile(shared, again.with_name("model.onnx.data"))
+    assert shared.stat().st_size == 3 << 30 and shared.stat().st_blocks == 0
+    assert data.stat().st_nlink == 1
 
 
 # --- loading and cutting keep weights on disk -----------------------------------------------
@@ -239,21 +249,77 @@ def test_every_adapter_runs_external_weights(ext: Path, spec: str, in_child: boo
 # --- writing: linked for a run, copied for a bundle -----------------------------------------
 
 
-def test_save_model_hard_links_the_weight_file(
+def test_save_model_shares_weights_without_linking_the_users_file(
     ext: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(weights, "LINK_MIN_BYTES", 0)  # linked however small
+    """Runs share one private copy of the weights (on a file system that cannot clone), made
+    once; the user's file keeps its one link, so onnx.load of the user's model works while
+    runs hold their files (onnx refuses a weight file with two links)."""
+    monkeypatch.setattr(weights, "LINK_MIN_BYTES", 0)  # shared however small
+    monkeypatch.setattr(weights, "_cache", weights.WeightsCache())
     want = _ort_inline(ext, ["y"])["y"]
     loaded = load_model(ext)
+    shared = []
     for run in ("run1", "run2"):
         path = save_model(with_outputs(loaded.model, ["y"]), tmp_path / run)
-        linked = path.with_name("model.onnx.data")
-        assert os.path.samefile(linked, _data(ext))  # the same file: no byte copied
+        shared.append(path.with_name("model.onnx.data"))
+        assert not os.path.samefile(shared[-1], _data(ext))
+        assert shared[-1].read_bytes() == _data(ext).read_bytes()  # offsets are the original
         written = onnx.load(str(path), load_external_data=False)
         assert _locations(written) == {"model.onnx.data"}
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         np.testing.assert_allclose(sess.run(["y"], X)[0], want, 1e-6)
-    assert _data(ext).stat().st_nlink == 3
+        onnx.load(str(ext))  # the user's model loads meanwhile
+    assert os.path.samefile(shared[0], shared[1])  # one copy, not one per run
+    assert _data(ext).stat().st_nlink == 1
+    weights.weights_cache().clear()
+    assert shared[0].stat().st_nlink == 2  # the two runs' names; the private copy is gone
+
+
+def test_a_commands_child_processes_share_its_one_copy(
+    ext: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within a command's temporary folder the copy is its children's too (their TMPDIR): a
+    sandboxed runtime's run links the parent's copy instead of copying the weights again."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(weights, "_cache", weights.WeightsCache())
+    with run_temp_dir() as root:
+        mine = weights.weights_cache().copy_of(_data(ext))
+        code = "import sys; from pathlib import Path; from onnx_bisect.graph.weights import "
+        code += "weights_cache; print(weights_cache().copy_of(Path(sys.argv[1])))"
+        child = subprocess.run(
+            [sys.executable, "-c", code, str(_data(ext))],
+            env=python_child_env(), capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert mine is not None and mine.parent == root / "weights"
+        assert Path(child.stdout.strip()) == mine
+        assert [p.name for p in mine.parent.iterdir()] == [mine.name]  # copied once
+        assert _data(ext).stat().st_nlink == 1
+    assert not root.exists()
+
+
+def test_a_model_for_the_own_child_keeps_the_users_files_and_spills_the_rest(
+    ext: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``save_for_child``: external tensors keep their absolute locations (nothing linked or
+    copied), inline ones too large for the message spill beside the model, and the child's
+    ``read_model(own=True)`` finds both; a model of anyone else's may not point outside."""
+    monkeypatch.setattr(sizes, "PROTO_LIMIT", 2048)
+    model = onnx.ModelProto()
+    model.CopyFrom(load_model(ext).model)
+    extra = numpy_helper.from_array(np.arange(256, dtype=np.float32).reshape(16, 16), "extra")
+    model.graph.initializer.append(extra)
+    path = save_for_child(model, tmp_path / "child")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["model.onnx", "model.onnx.inline.data"]
+    assert _data(ext).stat().st_nlink == 1
+    monkeypatch.chdir(ext.parent.parent)  # relative locations must not resolve from here
+    read = read_model(path, own=True)
+    values = {t.name: weights.tensor_array(t) for t in read.graph.initializer}
+    original = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(ext)).graph.initializer}
+    assert np.array_equal(values["extra"], numpy_helper.to_array(extra))
+    assert all(np.array_equal(values[k], v) for k, v in original.items())
+    with pytest.raises(ModelLoadError, match="outside the model's directory"):
+        read_model(path)
 
 
 def test_small_weights_are_copied_into_a_plain_file(ext: Path, tmp_path: Path) -> None:
@@ -279,6 +345,7 @@ def test_without_a_link_only_the_used_weights_are_copied(
     monkeypatch.setattr(weights.os, "link", refuse)
     monkeypatch.setattr(weights, "_warned_copy", False)
     monkeypatch.setattr(weights, "LINK_MIN_BYTES", 0)
+    monkeypatch.setattr(weights, "_cache", weights.WeightsCache())
     loaded = load_model(ext)
     meta = {"a0": TensorMeta(np.dtype(np.float32), (1, 16))}
     window, feeds = isolation_model(loaded, [node_named(loaded, "mm1")], meta)
@@ -313,9 +380,10 @@ def test_inline_weights_over_the_limit_spill_beside_the_link(
     ext: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Inline weights too large for one message go to a file of their own: onnx appends to
-    the file it writes to, and the linked one is the user's."""
+    the file it writes to, and the shared one is every run's."""
     monkeypatch.setattr(sizes, "PROTO_LIMIT", 2048)
     monkeypatch.setattr(weights, "LINK_MIN_BYTES", 0)
+    monkeypatch.setattr(weights, "_cache", weights.WeightsCache())
     loaded = load_model(ext)
     model = onnx.ModelProto()
     model.CopyFrom(loaded.model)
@@ -323,8 +391,9 @@ def test_inline_weights_over_the_limit_spill_beside_the_link(
     model.graph.initializer.append(extra)
     before = _data(ext).stat().st_size
     path = save_model(model, tmp_path / "run")
-    assert os.path.samefile(path.with_name("model.onnx.data"), _data(ext))
-    assert _data(ext).stat().st_size == before
+    shared = path.with_name("model.onnx.data")
+    assert shared.stat().st_nlink == 2  # the private copy and this run's name
+    assert shared.stat().st_size == _data(ext).stat().st_size == before
     spilled = path.with_name("model.onnx.inline.data")
     assert spilled.stat().st_size == 16 * 16 * 4
     written = onnx.load(str(path), load_external_data=False)

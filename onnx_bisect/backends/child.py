@@ -31,8 +31,8 @@ def main(argv: list[str]) -> int:
     spec, model_path, inputs, outputs = argv
     try:
         backend = create_backend(parse_spec(spec))
-        # The weights the parent linked beside the model stay there, as in the parent.
-        model = read_model(Path(model_path))
+        # The weights stay in the user's files, located absolutely, as in the parent.
+        model = read_model(Path(model_path), own=True)
         with np.load(inputs, allow_pickle=False) as z:
             feeds = {k: z[k] for k in z.files}
         save_npz(Path(outputs), backend.run(model, feeds))

@@ -1,11 +1,12 @@
 """``exec:COMMAND``: any runtime in any language, through files.
 
 Protocol (docs/exec-protocol.md): we write ``model.onnx`` (the probes already marked as graph
-outputs; external weights in ``model.onnx.data``, a hard link to the model's weight file when
-large) and ``inputs.npz`` keyed by graph input
-name into a fresh temporary directory, substitute ``{model}``, ``{inputs}`` and ``{outputs}`` in
-COMMAND, run it without a shell (shlex-split), and read ``outputs.npz`` keyed by graph output
-name. A non-zero exit or a missing output is a backend failure.
+outputs; external weights in ``model.onnx.data``, shared with the model's weight file when
+large: a clone or a link to a private copy, never a link to the user's file) and
+``inputs.npz`` keyed by graph input name into a fresh temporary directory, substitute
+``{model}``, ``{inputs}`` and ``{outputs}`` in COMMAND, run it without a shell (shlex-split),
+and read ``outputs.npz`` keyed by graph output name. A non-zero exit or a missing output is a
+backend failure.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ _STDERR_TAIL = 5
 
 class ExecBackend(BackendBase):
     capabilities = Capabilities(child_process=True)
+    # How the model is written for the command: for any program, weights beside it.
+    save = staticmethod(save_model)
 
     def __init__(self, spec: BackendSpec, timeout: float | None = None) -> None:
         super().__init__(spec)
@@ -68,7 +71,7 @@ class ExecBackend(BackendBase):
         with tempfile.TemporaryDirectory(prefix="onnx-bisect-exec-") as tmp:
             d = Path(tmp)
             paths = {
-                "{model}": str(save_model(model, d)),
+                "{model}": str(self.save(model, d)),
                 "{inputs}": str(d / "inputs.npz"),
                 "{outputs}": str(d / "outputs.npz"),
             }

@@ -12,6 +12,7 @@ import sys
 
 from onnx_bisect.backends.exec import ExecBackend
 from onnx_bisect.backends.spec import BackendSpec
+from onnx_bisect.graph.save import save_for_child
 from onnx_bisect.process import python_child_env
 
 __all__ = ["SandboxBackend"]
@@ -19,6 +20,9 @@ __all__ = ["SandboxBackend"]
 
 class SandboxBackend(ExecBackend):
     """``spec`` run in a fresh ``python -m onnx_bisect.backends.child`` process per call."""
+
+    # The child reads the model with ``read_model(own=True)``: the weights stay where they are.
+    save = staticmethod(save_for_child)
 
     def __init__(self, spec: BackendSpec, timeout: float | None = None) -> None:
         self.inner_spec = spec

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 import typer
@@ -19,6 +23,7 @@ from onnx_bisect.cli.commands import (
 )
 from onnx_bisect.cli.output import EXIT_USAGE, err
 from onnx_bisect.cli.params import VersionOpt
+from onnx_bisect.leftovers import run_temp_dir
 from onnx_bisect.process import return_large_frees
 
 __all__ = ["app", "bisect_app", "bisect_entry", "main_entry"]
@@ -87,15 +92,56 @@ def _usage_error(exc: Exception) -> str:
 
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C stopped
+# SIGTERM (a CI cancel, ``timeout``, ``kill``) and SIGHUP (a closed terminal) stop a run as
+# Ctrl-C does; the exit code says which, as a shell reports it: 128 + the signal's number.
+_STOP_SIGNALS = {signal.SIGTERM: "terminated (SIGTERM)", signal.SIGHUP: "hung up (SIGHUP)"}
+
+
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where Ctrl-C would be: every ``finally`` that removes a
+    folder or ends a child's process group runs on the way out, as for Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_stopped: list[int] = []
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    _stopped.append(signum)
+    # The cleanup on the way out must not be cut short by a second one (a supervisor's
+    # repeated TERM); a second Ctrl-C still cuts a child's grace short, and SIGKILL is final.
+    for other in _STOP_SIGNALS:
+        signal.signal(other, signal.SIG_IGN)
+    raise _Stopped(signum)
+
+
+@contextmanager
+def _stop_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise ``_Stopped`` in the main thread while the command runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers (an embedding application's thread)
+        return
+    previous = {s: signal.signal(s, _stop) for s in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 def _entry(typer_app: typer.Typer, prog: str, args: Sequence[str] | None) -> None:
-    """Run an app, turning usage errors into one line and exit code 2, and Ctrl-C into one
-    line and 130 (staging directories and child processes are cleaned up on the way out, by
-    the ``finally`` blocks that made them)."""
+    """Run an app, turning usage errors into one line and exit code 2, and Ctrl-C, SIGTERM and
+    SIGHUP into one line and 128 + the signal (staging directories and child processes are
+    cleaned up on the way out, by the ``finally`` blocks that made them; every temporary
+    folder is in the command's own, ``leftovers.run_temp_dir``, removed last)."""
     return_large_frees()  # the memory budget is a bound on resident memory (process.py)
+    del _stopped[:]
     try:
-        code = typer_app(args=args, prog_name=prog, standalone_mode=False)
+        with _stop_signals(), run_temp_dir():
+            code = typer_app(args=args, prog_name=prog, standalone_mode=False)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
@@ -107,13 +153,16 @@ def _entry(typer_app: typer.Typer, prog: str, args: Sequence[str] | None) -> Non
             err.print(f"error: {_usage_error(exc)}", markup=False)
             sys.exit(EXIT_USAGE)
         raise
-    if code == EXIT_INTERRUPTED:
+    if code == EXIT_INTERRUPTED or _stopped:
         # Typer turns Ctrl-C into this code without a word; no command returns it otherwise.
         _interrupted()
     sys.exit(code if isinstance(code, int) else 0)
 
 
 def _interrupted() -> None:
+    if _stopped:
+        err.print(_STOP_SIGNALS[signal.Signals(_stopped[0])], markup=False)
+        sys.exit(128 + _stopped[0])
     err.print("interrupted", markup=False)
     sys.exit(EXIT_INTERRUPTED)
 

@@ -1,4 +1,5 @@
-"""Writing a model: for a runtime (weights shared by hard links) or to keep (weights copied)."""
+"""Writing a model: for a runtime (weights shared beside it), for this package's own child
+process (weights left where they are) or to keep (weights copied)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,22 @@ import onnx
 from onnx_bisect.graph.sizes import model_bytes
 from onnx_bisect.graph.weights import place_weights
 
-__all__ = ["save_model", "save_portable"]
+__all__ = ["save_for_child", "save_model", "save_portable"]
 
 
 def save_model(model: onnx.ModelProto, directory: Path, name: str = "model.onnx") -> Path:
-    """Write a model for a runtime to read once: its external weight files hard-linked beside
-    it (a run costs no copy of the weights), inline weights too large for one message moved
-    to a file of their own."""
+    """Write a model for a runtime to read once: its external weight files shared beside it
+    (``place_weights``: a run costs no copy of the weights, and the user's file gets no second
+    link), inline weights too large for one message moved to a file of their own."""
     return _save(model, directory, name, link=True)
+
+
+def save_for_child(model: onnx.ModelProto, directory: Path, name: str = "model.onnx") -> Path:
+    """Write a model for this package's own child process, which reads it with
+    ``read_model(path, own=True)``: external tensors keep their absolute locations (nothing
+    linked or copied; runtimes in the child get the weights as in this process), inline weights
+    too large for one message moved to a file of their own."""
+    return _save(model, directory, name, link=None)
 
 
 def save_portable(model: onnx.ModelProto, directory: Path, name: str = "model.onnx") -> Path:
@@ -27,18 +36,20 @@ def save_portable(model: onnx.ModelProto, directory: Path, name: str = "model.on
     return _save(model, directory, name, link=False)
 
 
-def _save(model: onnx.ModelProto, directory: Path, name: str, *, link: bool) -> Path:
+def _save(model: onnx.ModelProto, directory: Path, name: str, *, link: bool | None) -> Path:
+    """``link``: True shares the weight files beside the model, False copies the bytes used,
+    None leaves external locations as they are (absolute, once loaded)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
     # A model written again in the same place (a bundle's next candidate) leaves no weight file
     # of the last one behind, and onnx, which appends to its data file, starts afresh.
     for old in directory.glob(f"{glob.escape(name)}*.data"):
         old.unlink()
-    placed = place_weights(model, directory, name, link=link)
+    placed = model if link is None else place_weights(model, directory, name, link=link)
     large = not model_bytes(placed).fits
-    # onnx appends to the file it is given: beside a hard link to the user's weights that
-    # must be a file of its own; a portable model's copied weights may take the rest.
-    spill = directory / (f"{name}.inline.data" if link else f"{name}.data")
+    # onnx appends to the file it is given: beside a shared weight file (a clone or a link)
+    # that must be a file of its own; a portable model's copied weights may take the rest.
+    spill = directory / (f"{name}.data" if link is False else f"{name}.inline.data")
     if large and placed is model:
         # onnx.save_model moves weights out of the message it is given; keep the caller's.
         placed = onnx.ModelProto()

@@ -10,7 +10,6 @@ the old set or the new one, never half of one. Files the tool does not own are l
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import tempfile
 import threading
@@ -21,6 +20,7 @@ from pathlib import Path
 from types import FrameType
 
 from onnx_bisect.errors import InputError
+from onnx_bisect.leftovers import held_dir, sweep
 from onnx_bisect.report.manifest import MANIFEST, check_owned, manifest_text
 
 __all__ = [
@@ -138,14 +138,17 @@ def _refuse_read_files(
 @contextmanager
 def staging_dir(out: Path) -> Iterator[Path]:
     """A fresh directory to write ``out``'s new files into, removed on the way out whatever
-    happens (an error, Ctrl-C): whatever was not moved into ``out`` by then is dropped."""
+    happens (an error, Ctrl-C, SIGTERM): whatever was not moved into ``out`` by then is
+    dropped. Held by this process while it lives (``leftovers.held_dir``), so that the
+    staging directories of killed runs (SIGKILL) beside ``out`` are swept here first, and a
+    live concurrent run's are not."""
     out = Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}{STAGE_PREFIX}", dir=_stage_base(out)))
-    try:
+    prefix = f".{out.name}{STAGE_PREFIX}"
+    base = _stage_base(out)
+    sweep(base, prefix)
+    with held_dir(base, prefix) as stage:
         yield stage
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
 
 
 def replace_owned(stage: Path, out: Path, owned: Collection[str]) -> Replaced:
@@ -203,8 +206,9 @@ def is_stage_name(name: str) -> bool:
 
 @contextmanager
 def _interrupts_held() -> Iterator[None]:
-    """SIGINT is remembered, not acted on, until the block ends (main thread only: signal
-    handlers cannot be set elsewhere, and Python delivers SIGINT to the main thread anyway)."""
+    """SIGINT, SIGTERM and SIGHUP are remembered, not acted on, until the block ends, then
+    delivered to the handlers they had (main thread only: signal handlers cannot be set
+    elsewhere, and Python delivers signals to the main thread anyway)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -213,10 +217,19 @@ def _interrupts_held() -> Iterator[None]:
     def remember(signum: int, frame: FrameType | None) -> None:
         caught.append(signum)
 
-    previous = signal.signal(signal.SIGINT, remember)
+    held = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if _handled(s)]
+    previous = {s: signal.signal(s, remember) for s in held}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
         if caught:
-            raise KeyboardInterrupt
+            if caught[0] == signal.SIGINT:
+                raise KeyboardInterrupt
+            signal.raise_signal(caught[0])
+
+
+def _handled(signum: int) -> bool:
+    """Whether Python handles ``signum`` now (an ignored signal stays ignored)."""
+    return signal.getsignal(signum) not in (signal.SIG_IGN, None)

@@ -29,7 +29,10 @@ from onnx_bisect.report.format import (
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
 
-__all__ = ["print_summary"]
+__all__ = ["THRESHOLD_FELL_BACK", "print_summary"]
+
+# How engine/diagnose.py's note begins when no float64 oracle ran for ``--threshold auto``.
+THRESHOLD_FELL_BACK = "--threshold auto: no float64 values"
 
 _VERDICT_STYLE = {
     "culprit": "bold red",
@@ -45,6 +48,11 @@ _VERDICT_STYLE = {
 def print_summary(result: BisectResult, console: Console | None = None, top: int = 10) -> None:
     console = console or Console()
     console.print(result.summary_text())
+    for note in result.notes:
+        # The verdict was judged against a fixed threshold, not the noise floor asked for: a
+        # small fault can pass it, so this is said next to the verdict, not among the notes.
+        if note.startswith(THRESHOLD_FELL_BACK):
+            console.print(Text.assemble(("warning:", "bold yellow"), f" {note}"))
     if not result.diverged and not result.nodes:
         return
     _print_table(result, console, top)
@@ -54,7 +62,8 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
         for line in curve_lines(result):
             console.print(line, markup=False, highlight=False)
     for note in result.notes:
-        console.print(Text.assemble(("note:", "dim"), f" {note}"))
+        if not note.startswith(THRESHOLD_FELL_BACK):
+            console.print(Text.assemble(("note:", "dim"), f" {note}"))
     if result.search is not None:
         console.print(Text(search_line(result), style="dim"))
     if result.repro is not None:

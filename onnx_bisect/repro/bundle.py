@@ -123,7 +123,8 @@ def build_bundle(
         if verify_in_process:
             ok, tail = rerun_in_process(out_dir, job.target, crit, job.symptom)
         else:
-            code, output = run_bundle(out_dir)
+            # A hang is checked with the run's --timeout, not repro.py's default (10 min).
+            code, output = run_bundle(out_dir, {"--timeout": job.session.options.timeout})
             ok, tail = code == 1, output_tail(output)
         names = tuple(n.name for n in cand.nodes)
         last_written = (cand, tail)

@@ -22,7 +22,7 @@ from onnx_bisect.errors import (
     SpecError,
 )
 from onnx_bisect.graph.load import load_model
-from onnx_bisect.graph.save import save_model
+from onnx_bisect.graph.save import save_for_child
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.process import python_child_env
 from onnx_bisect.transforms.registry import (
@@ -71,7 +71,7 @@ def _in_child(
     and a crash there must not take the diagnosis down with it (see ``transform_child``)."""
 
     with tempfile.TemporaryDirectory(prefix="onnx-bisect-transform-") as tmp:
-        src = save_model(model, Path(tmp), "in.onnx")
+        src = save_for_child(model, Path(tmp), "in.onnx")
         out = Path(tmp) / "out"
         argv = [sys.executable, "-m", "onnx_bisect.transforms.child", str(src), str(out), t.text]
         proc = subprocess.run(

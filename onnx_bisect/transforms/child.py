@@ -22,7 +22,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         parsed = parse_transform(text)
         # Optimizers and converters read weights from the message.
-        model = with_loaded_weights(read_model(Path(src)))
+        model = with_loaded_weights(read_model(Path(src), own=True))
         result, notes = transform_kinds()[parsed.name].apply(model, parsed.arg, json.loads(shapes))
         save_model(result, Path(out))
         (Path(out) / "notes.json").write_text(json.dumps(list(notes)))

@@ -29,7 +29,7 @@ from onnx_bisect.engine.progress import Abandoned
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError, BackendUnavailableError
 from onnx_bisect.graph.extract import with_outputs
-from onnx_bisect.graph.save import save_model
+from onnx_bisect.graph.save import save_for_child
 from onnx_bisect.graph.sizes import PROTO_LIMIT, model_bytes
 from onnx_bisect.graph.view import TensorMeta
 from onnx_bisect.inputs.feeds import save_npz
@@ -53,8 +53,9 @@ FLOAT64_ORACLES = (
 # diagnosis of a model over 2 GB should stay near 2× its weights.
 FLOAT64_MAX_WEIGHTS = PROTO_LIMIT
 
-# Above this many bytes of weights the model is not copied for the child: the oracle runs
-# here instead (writing gigabytes would cost more than torch's import).
+# Above this many bytes of weights held in the message the model is not written for the child:
+# the oracle runs here instead (writing gigabytes would cost more than torch's import). External
+# weights cost nothing: the child reads them from the user's files (``save_for_child``).
 CHILD_MAX_WEIGHTS = 512 << 20
 
 
@@ -177,9 +178,9 @@ def _child_can_run(session: Session) -> bool:
     if find_spec_safe("torch") is None:
         # The child would only die importing it; the oracle built here says what to install.
         return False
-    weights = model_bytes(session.loaded.model).weights
+    inline = model_bytes(session.loaded.model).inline_data
     numeric = all(v.dtype.kind in "biufc" for v in session.feeds.values())
-    return weights <= CHILD_MAX_WEIGHTS and numeric
+    return inline <= CHILD_MAX_WEIGHTS and numeric
 
 
 def _probes(session: Session, names: Sequence[str] | None) -> list[str]:
@@ -191,7 +192,7 @@ def _in_child(session: Session, names: Sequence[str] | None = None) -> _Measured
     s = session
     work = s.scratch / "float64-child"
     work.mkdir(parents=True, exist_ok=True)
-    model_path = save_model(s.loaded.model, work)
+    model_path = save_for_child(s.loaded.model, work)
     save_npz(work / "feeds.npz", s.feeds)
     job = {
         "model": str(model_path),

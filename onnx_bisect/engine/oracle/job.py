@@ -20,6 +20,7 @@ from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.compare.noise import fp32_noise
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.extract import with_outputs
+from onnx_bisect.graph.weights import read_model
 
 __all__ = ["ORACLE", "TWIN", "precision_floors", "run_job"]
 
@@ -46,7 +47,9 @@ def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
     Returns what the parent needs, as JSON: each value's file, offset, dtype and shape; the fp32
     twin's noise per tensor; the oracle's description and notes; each run's seconds.
     """
-    model = onnx.load(job["model"])
+    # Written by ``save_for_child``: the weights stay in the user's files (onnx.load would
+    # read them all, and refuses a weight file with two links as a "hardlink attack").
+    model = read_model(Path(job["model"]), own=True)
     with np.load(job["feeds"], allow_pickle=False) as data:
         feeds = {k: data[k] for k in data.files}
     backend = create_backend(ORACLE)

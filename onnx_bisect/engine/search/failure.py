@@ -195,7 +195,9 @@ def _check_runs_anything(session: Session, failure: BackendError) -> None:
     """Raise ``failure``, saying so, where the target fails on a one-node Identity model too."""
     probe = _fails_on_anything(session)
     if probe is not None:
-        what = "crashes" if isinstance(probe, BackendCrash) else "fails"
+        hung = _TIMED_OUT.search(_message(probe))
+        crash = isinstance(probe, BackendCrash)
+        what = f"hangs ({hung.group(0)})" if hung else "crashes" if crash else "fails"
         raise type(failure)(
             f"{failure} (it also {what} on a one-node Identity model, so no node is to blame: "
             f"{_message(probe)})",
