@@ -222,7 +222,8 @@ def main(argv: list[str]) -> int:
         time.sleep(3600)
     failing = [name for name in args.fail_on if name in present]
     if failing:
-        print(f"error: buffer view byte length exceeds backing buffer at {failing[0]}", file=sys.stderr)
+        message = f"error: buffer view byte length exceeds backing buffer at {failing[0]}"
+        print(message, file=sys.stderr)
         return 5
     for node in model.graph.node:
         if node.op_type in args.reject:
