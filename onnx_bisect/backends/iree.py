@@ -86,7 +86,7 @@ class IreeBackend(BackendBase):
 
     @staticmethod
     def details() -> str:
-        return f"iree-base-compiler {_version('compiler')}, drivers: {', '.join(_drivers())}"
+        return f"iree-base-compiler {_version('compiler')}"
 
     def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
         import iree.runtime as rt
@@ -176,12 +176,3 @@ def _version(part: str) -> str:
         return version(f"iree-base-{part}")
     except PackageNotFoundError:
         return "unknown"
-
-
-def _drivers() -> list[str]:
-    try:
-        import iree.runtime as rt
-
-        return sorted(rt.query_available_drivers())
-    except Exception:  # a listing must not fail
-        return []
