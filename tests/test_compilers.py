@@ -15,7 +15,9 @@ from typer.testing import CliRunner
 
 from onnx_bisect.backends import create_backend
 from onnx_bisect.backends.compiled import CompileCache, pinned_model
+from onnx_bisect.backends.compiler_passes import TVM_OPTIONAL
 from onnx_bisect.backends.iree import compiler_message
+from onnx_bisect.backends.passes import supports_passes
 from onnx_bisect.cli import bisect_app
 from onnx_bisect.errors import BackendError, SpecError
 from onnx_bisect.graph.extract import with_outputs
@@ -213,3 +215,61 @@ def test_example_models(spec: str, name: str, tmp_path: Path) -> None:
     if want == 1:
         assert report["root_cause"]["kind"] == "unsupported"
         assert report["root_cause"]["op_type"] == "BatchNormalization"
+
+
+_BF16 = (
+    "--iree-opt-strip-assertions --iree-global-opt-demote-contraction-inputs-type=bf16 "
+    "--iree-global-opt-demote-contraction-inputs-operations=all"
+)
+
+
+@pytest.mark.slow  # about 15 compiles of the transformer block's pieces
+def test_iree_bf16_demotion_names_the_first_matmul_and_its_flag(tmp_path: Path) -> None:
+    """IREE's contraction demotion to bf16 (which takes effect only with ``operations=all``) on
+    the transformer example: the root cause is its first MatMul, and pass bisection over the
+    flags names the one that switches the demotion on, with a verified workaround."""
+    _need("iree.compiler", "iree")
+    target = f"iree?flags={_BF16}"
+    code, output = _bisect(EXAMPLES / "transformer_block.onnx", target, tmp_path / "out")
+    assert code == 1, output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["root_cause"]["kind"] == "culprit"
+    assert report["root_cause"]["nodes"] == ["/attn/q/MatMul"]  # the first MatMul
+    passes = report["pass_bisection"]
+    assert passes["outcome"] == "guilty" and passes["passes"] == _BF16.split()
+    assert passes["guilty"] == ["--iree-global-opt-demote-contraction-inputs-operations=all"]
+    workaround = passes["workaround"]
+    assert workaround["verified"] is True
+    assert workaround["spec"] == f"iree?flags={' '.join(_BF16.split()[:2])}"
+
+
+def test_iree_pass_control_is_its_flags() -> None:
+    _need("iree.compiler", "iree")
+    assert supports_passes(create_backend("iree"), ()) is None  # no flags: nothing to switch
+    control = supports_passes(create_backend("iree?flags=--a=1 --b"), ())
+    assert control is not None
+    assert control.passes(chain(1), {}) == ["--a=1", "--b"]
+    assert control.all_off() == "iree"
+    assert control.only(["--b"], ["--a=1", "--b"]) == "iree?flags=--b"
+    assert control.workaround(["--b"]).forms == (("iree-compile", "iree-compile model.mlir --a=1"),)
+
+
+@pytest.mark.slow  # three compiles, one of them hashing the module around every pass
+def test_tvm_passes_are_seen_in_a_compile_and_switch_off() -> None:
+    """fp16=1's ToMixedPrecision is among the passes that change the model; with it off, the
+    same spec computes in float32 again."""
+    _need("tvm", "tvm")
+    control = supports_passes(create_backend("tvm?fp16=1"), ())
+    assert control is not None
+    model = with_outputs(chain(3), ["y"])
+    passes = control.passes(model, {"x": X})
+    assert passes[0] == "ToMixedPrecision" and set(passes) <= set(TVM_OPTIONAL), passes
+    spec = control.only([], ["ToMixedPrecision"])
+    assert spec == "tvm?fp16=1&disable=ToMixedPrecision"
+    got = create_backend(spec).run(model, {"x": X})["y"]
+    want = create_backend("cpu").run(model, {"x": X})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    form = control.workaround(["ToMixedPrecision"]).forms
+    assert form == (
+        ("Python", "tvm.transform.PassContext(opt_level=3, disabled_pass=['ToMixedPrecision'])"),
+    )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -24,6 +24,8 @@ import numpy.typing as npt
 import onnx
 
 from onnx_bisect.backends.compiled import CompileCache, fed_inputs, pinned_model
+from onnx_bisect.backends.compiler_passes import IreeFlags
+from onnx_bisect.backends.passes import PassControl
 from onnx_bisect.backends.protocol import BackendBase, Tensors
 from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.errors import BackendError, BackendUnavailableError, SpecError
@@ -111,6 +113,10 @@ class IreeBackend(BackendBase):
                 f"{self.spec.text}: returned {len(results)} output(s), the model has {len(names)}"
             )
         return {n: np.asarray(r.to_host()) for n, r in zip(names, results, strict=True)}
+
+    def pass_control(self, declared: Sequence[str]) -> PassControl | None:
+        """Its ``flags``, each a switch (``backends/compiler_passes.py``); None without."""
+        return IreeFlags(self.spec, self.flags) if self.flags else None
 
     def _compile(self, model: onnx.ModelProto) -> bytes:
         from iree.compiler.tools import CompilerToolError, compile_str

@@ -19,6 +19,8 @@ import numpy.typing as npt
 import onnx
 
 from onnx_bisect.backends.compiled import CompileCache, fed_inputs, pinned_model
+from onnx_bisect.backends.compiler_passes import TvmPasses
+from onnx_bisect.backends.passes import PassControl
 from onnx_bisect.backends.protocol import BackendBase, Tensors
 from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.compare.precision import PrecisionInfo, parse_precision
@@ -79,7 +81,7 @@ class TvmBackend(BackendBase):
             raise BackendError(f"{self.spec.text}: no value for input(s) {', '.join(missing)}")
         settings = (self.target, self.opt_level, self.fp16, self.disabled)
         key = CompileCache.key(pinned, *settings)
-        executable = self._cache.get(key, lambda: self._compile(pinned, feeds, order))
+        executable = self._cache.get(key, lambda: self._compile(pinned, feeds))
         device = _device(self.target)
         vm = relax.VirtualMachine(executable, device)
         args = [tvm.runtime.tensor(np.require(feeds[n], requirements="C"), device) for n in order]
@@ -91,17 +93,52 @@ class TvmBackend(BackendBase):
             )
         return dict(zip(names, results, strict=True))
 
+    def pass_control(self, declared: Sequence[str]) -> PassControl | None:
+        """TVM's passes by name (``backends/compiler_passes.py``)."""
+        return TvmPasses(self.spec, self.disabled, self.opt_level, self._passes_seen)
+
+    def _passes_seen(
+        self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]
+    ) -> list[str]:
+        """The passes that change ``model``'s module when compiled for ``feeds``, in order."""
+        import tvm_ffi
+        from tvm.ir.instrument import pass_instrument
+
+        @pass_instrument
+        class Seen:
+            def __init__(self) -> None:
+                self.before: list[int] = []
+                self.changed: list[str] = []
+
+            def run_before_pass(self, mod: Any, info: Any) -> None:
+                self.before.append(tvm_ffi.structural_hash(mod))
+
+            def run_after_pass(self, mod: Any, info: Any) -> None:
+                if self.before.pop() != tvm_ffi.structural_hash(mod):
+                    self.changed.append(str(info.name))
+
+        seen = Seen()
+        self._compile(pinned_model(model, feeds), feeds, instruments=[seen])
+        return list(seen.changed)
+
     def _compile(
-        self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]], order: Sequence[str]
+        self,
+        model: onnx.ModelProto,
+        feeds: Mapping[str, npt.NDArray[Any]],
+        instruments: Sequence[Any] = (),
     ) -> Any:
         import tvm
         from tvm import relax
         from tvm.relax.frontend.onnx import from_onnx
 
         self._note(f"compiled by TVM for {self.target}")
+        order = [i.name for i in fed_inputs(model)]
         shapes = {n: list(np.shape(feeds[n])) for n in order}
         dtypes = {n: str(np.asarray(feeds[n]).dtype) for n in order}
-        with tvm.transform.PassContext(opt_level=self.opt_level, disabled_pass=self.disabled):
+        context = tvm.transform.PassContext(
+            opt_level=self.opt_level, disabled_pass=self.disabled, instruments=list(instruments)
+        )
+        with context:
             try:
                 mod = from_onnx(model, shape_dict=shapes, dtype_dict=dtypes)
             except tvm.error.OpNotImplemented as exc:
@@ -110,7 +147,8 @@ class TvmBackend(BackendBase):
                 text = " ".join(str(exc).split())
                 raise BackendError(f"{self.spec.text}: unsupported op(s): {text}") from None
             mod = relax.transform.DecomposeOpsForInference()(mod)
-            if self.fp16:
+            if self.fp16 and "ToMixedPrecision" not in self.disabled:
+                # Called directly, a pass runs whatever disabled_pass says: asked here.
                 mod = relax.transform.ToMixedPrecision()(mod)
             mod = relax.transform.LegalizeOps()(mod)
             return tvm.compile(mod, target=self.target)
