@@ -183,6 +183,19 @@ def test_tvm_fp16_is_declared_and_diverges(tmp_path: Path) -> None:
     assert 1e-5 < rel < 1e-2, rel  # float16 rounding: visible, and small
 
 
+def test_tvm_returns_a_shape_it_computed_at_compile_time() -> None:
+    """A prefix of a detector can end at a Shape: TVM folds it and its VM returns a shape (a
+    tuple of ints), not a tensor. It once failed every such prefix ("'int' object is not
+    iterable"), so the failure search named YOLOv8n's /model.22/Shape for a later error."""
+    _need("tvm", "tvm")
+    model = with_outputs(chain(1), ["y"])
+    model.graph.node.append(helper.make_node("Shape", ["y"], ["s"], name="shape"))
+    model.graph.output.append(helper.make_tensor_value_info("s", TensorProto.INT64, [2]))
+    got = create_backend("tvm").run(model, {"x": X})
+    assert got["s"].dtype == np.int64 and got["s"].tolist() == [2, 8]
+    np.testing.assert_allclose(got["y"], create_backend("cpu").run(model, {"x": X})["y"], 1e-5)
+
+
 def test_tvm_unsupported_op_is_an_error_naming_it() -> None:
     _need("tvm", "tvm")
     model = with_outputs(chain(1), ["y"])

@@ -174,9 +174,14 @@ def _device(target: str) -> Any:
 
 
 def _flatten(value: Any) -> list[npt.NDArray[Any]]:
-    """The VM's result (a tensor, or a tuple of them, nested) as arrays in order."""
+    """The VM's result (a tensor, or a tuple of them, nested) as arrays in order. A shape
+    computed at compile time comes back as a shape (a tuple of ints), a scalar as a number."""
     if hasattr(value, "numpy"):
         return [np.asarray(value.numpy())]
+    if isinstance(value, int | float):
+        return [np.asarray(value)]
+    if "Shape" in type(value).__name__:
+        return [np.asarray(list(value), dtype=np.int64)]
     return [a for item in value for a in _flatten(item)]
 
 
