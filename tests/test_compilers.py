@@ -79,7 +79,8 @@ def test_runs_every_output_by_name_and_compiles_once(spec: str, extra: str) -> N
     assert model.SerializeToString() == before  # the caller's model is left alone
     # The same model on other values is not compiled again.
     again = backend.run(model, {"x": X * 2})
-    np.testing.assert_allclose(again["y"], create_backend("cpu").run(model, {"x": X * 2})["y"])
+    want = create_backend("cpu").run(model, {"x": X * 2})
+    np.testing.assert_allclose(again["y"], want["y"], rtol=1e-5, atol=1e-6)
     notes = backend.notes()  # type: ignore[attr-defined]
     assert len(notes) == 1 and notes[0].startswith("compiled by "), notes  # once: no count
     assert spec.upper() in backend.describe().upper()
