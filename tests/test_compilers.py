@@ -67,7 +67,7 @@ def _bisect(model: Path, target: str, out: Path | None = None) -> tuple[int, str
 def test_runs_every_output_by_name_and_compiles_once(spec: str, extra: str) -> None:
     _need(spec, extra)
     backend = create_backend(spec)
-    names = ["a0", "y", "h1"]  # intermediates marked as outputs, out of graph order
+    names = ["a0", "y", "h1", "x"]  # intermediates marked as outputs, out of graph order
     model = with_outputs(chain(3), names)
     before = model.SerializeToString()
     got = backend.run(model, {"x": X, "unused": np.zeros(3)})

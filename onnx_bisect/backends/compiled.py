@@ -57,8 +57,12 @@ def pinned_model(model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) 
         for n in value.shape:
             tensor.shape.dim.add().dim_value = int(n)
     del graph.value_info[:]
+    inputs = {i.name: i for i in graph.input}
     for o in graph.output:
-        o.type.tensor_type.ClearField("shape")
+        if o.name in inputs:  # no node makes it, so inference would leave it untyped
+            o.type.CopyFrom(inputs[o.name].type)
+        else:
+            o.type.tensor_type.ClearField("shape")
     try:
         # Without data propagation: IREE's importer re-verifies the dims it would compute.
         return onnx.shape_inference.infer_shapes(out, data_prop=False)

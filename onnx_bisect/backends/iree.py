@@ -70,7 +70,6 @@ class IreeBackend(BackendBase):
         if reason:
             raise BackendUnavailableError(f"backend {spec.text!r} is not available: {reason}")
         self.device = DEVICES[name]
-        self.device_name = name
         try:
             self.flags = tuple(shlex.split(spec.option("flags") or ""))
         except ValueError as exc:
