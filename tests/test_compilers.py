@@ -1,5 +1,5 @@
 """The ML-compiler adapters ``iree`` and ``tvm`` on the real compilers from PyPI: values by
-name, compiles cached, IREE's missing BatchNormalization (opsets 13-14) found as unsupported,
+name, compiles cached, IREE's missing BatchNormalization (before opset 15) found as unsupported,
 the CLI on the example models. Each test skips, saying why, where its extra is absent."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from onnx_bisect.backends.compiler_passes import TVM_OPTIONAL
 from onnx_bisect.backends.iree import compiler_message
 from onnx_bisect.backends.passes import supports_passes
 from onnx_bisect.cli import bisect_app
-from onnx_bisect.errors import BackendError, SpecError
+from onnx_bisect.errors import BackendError, BackendUnavailableError, SpecError
 from onnx_bisect.graph.extract import with_outputs
 from tests.models import ROOT, chain
 
@@ -98,6 +98,19 @@ def test_bad_specs_are_usage_errors(spec: str) -> None:
         create_backend(spec)
 
 
+def test_a_driver_without_a_device_is_unavailable() -> None:
+    _need("iree.runtime", "iree")
+    import iree.runtime as rt
+
+    try:
+        rt.get_driver("vulkan").query_available_devices()
+        pytest.skip("this machine has a Vulkan loader")
+    except Exception:
+        pass
+    with pytest.raises(BackendUnavailableError, match="IREE's vulkan driver does not start: "):
+        create_backend("iree:vulkan")
+
+
 def test_pinned_model_types_every_output_from_the_feeds() -> None:
     """A model whose outputs have no type (as derived models had) and a symbolic batch: the
     copy a compiler gets has every input pinned and every output typed, 0-d inputs kept 0-d."""
@@ -152,7 +165,7 @@ def test_compiler_message_names_the_unsupported_op() -> None:
 @pytest.mark.slow  # 4 compiles of about 2 s each
 @pytest.mark.parametrize("opset", [13, 15])
 def test_iree_batchnorm_before_opset_15_is_unsupported(tmp_path: Path, opset: int) -> None:
-    """IREE 3.13 has no conversion for BatchNormalization at opsets 13-14 (FIELD-NOTES); at 15
+    """IREE 3.13 has no conversion for BatchNormalization before opset 15 (FIELD-NOTES); at 15
     it compiles and agrees with onnxruntime."""
     _need("iree.compiler", "iree")
     path = tmp_path / "conv_bn.onnx"

@@ -70,6 +70,9 @@ class IreeBackend(BackendBase):
         if reason:
             raise BackendUnavailableError(f"backend {spec.text!r} is not available: {reason}")
         self.device = DEVICES[name]
+        missing = _no_device(self.device.driver)
+        if missing:
+            raise BackendUnavailableError(f"backend {spec.text!r}: {missing}")
         try:
             self.flags = tuple(shlex.split(spec.option("flags") or ""))
         except ValueError as exc:
@@ -181,3 +184,16 @@ def _version(part: str) -> str:
         return version(f"iree-base-{part}")
     except PackageNotFoundError:
         return "unknown"
+
+
+def _no_device(driver: str) -> str | None:
+    """Why IREE's ``driver`` has no device here (no CUDA library, no Vulkan loader), else None:
+    said before any compile, not as a failure of every run."""
+    import iree.runtime as rt
+
+    try:
+        devices = rt.get_driver(driver).query_available_devices()
+    except Exception as exc:  # the runtime says what is missing
+        text = " ".join(str(exc).split())
+        return f"IREE's {driver} driver does not start: {text[:300]}"
+    return None if devices else f"IREE's {driver} driver finds no device"
