@@ -83,6 +83,10 @@ def test_runs_every_output_by_name_and_compiles_once(spec: str, extra: str) -> N
     np.testing.assert_allclose(again["y"], want["y"], rtol=1e-5, atol=1e-6)
     notes = backend.notes()  # type: ignore[attr-defined]
     assert len(notes) == 1 and notes[0].startswith("compiled by "), notes  # once: no count
+    # Nor by another backend of the same spec (pass bisection builds one per run).
+    same = create_backend(spec)
+    same.run(model, {"x": X})
+    assert same.notes() == []  # type: ignore[attr-defined]
     assert spec.upper() in backend.describe().upper()
     versions = backend.versions()
     assert versions and all(v != "unknown" for v in versions.values()), versions

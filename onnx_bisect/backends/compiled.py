@@ -7,14 +7,16 @@ every input's dims set to those of its array, the stale ``value_info`` and outpu
 dropped (a symbolic dim there would contradict the pinned ones), and types inferred anew.
 
 A diagnosis runs the same model more than once (the screen, a repro bundle's check, a pass
-bisection's baseline); a compile costs seconds to minutes, so each backend keeps what it
-compiled, keyed by the model's bytes, the input shapes and its own settings.
+bisection's runs, each on a backend built anew from its spec); a compile costs seconds to
+minutes, so each adapter keeps what it compiled in one cache per process, keyed by the
+model's bytes, the input shapes and the backend's settings.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
@@ -77,6 +79,7 @@ class CompileCache(Generic[T]):
     def __init__(self, size: int = 8) -> None:
         self.size = size
         self._items: OrderedDict[str, T] = OrderedDict()
+        self._lock = threading.Lock()  # dataset mode runs sessions in threads
         self.compiles = 0
         self.reused = 0
 
@@ -87,14 +90,17 @@ class CompileCache(Generic[T]):
         return digest.hexdigest()
 
     def get(self, key: str, build: Callable[[], T]) -> T:
-        """The artifact for ``key``, built by ``build`` only when not already kept."""
-        if key in self._items:
-            self._items.move_to_end(key)
-            self.reused += 1
-            return self._items[key]
+        """The artifact for ``key``, built by ``build`` only when not already kept (two
+        threads asking at once may both build it; the compile is not held under the lock)."""
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                self.reused += 1
+                return self._items[key]
         artifact = build()
-        self.compiles += 1
-        self._items[key] = artifact
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
+        with self._lock:
+            self.compiles += 1
+            self._items[key] = artifact
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
         return artifact

@@ -6,8 +6,8 @@ compiler package, so its aborts come back as errors) for the device's target bac
 by ``iree.runtime`` on the device's driver: ``llvm-cpu`` on ``local-task`` (the default),
 ``cuda`` on ``cuda``, ``vulkan`` (``vulkan-spirv``) on ``vulkan``. ``flags`` are more
 ``iree-compile`` flags, separated by spaces (``flags=--iree-opt-level=O0
---iree-input-demote-f32-to-f16``). What it compiled is kept by model hash for the backend's
-life (``backends/compiled.py``).
+--iree-input-demote-f32-to-f16``). What it compiled is kept by model hash for the process
+(``backends/compiled.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.errors import BackendError, BackendUnavailableError, SpecError
 
 __all__ = ["DEVICES", "IreeBackend", "IreeDevice", "compiler_message"]
+
+# What this process compiled, for every backend of this adapter (the key holds its settings).
+_CACHE: CompileCache[bytes] = CompileCache()
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,6 @@ class IreeBackend(BackendBase):
             self.flags = tuple(shlex.split(spec.option("flags") or ""))
         except ValueError as exc:
             raise SpecError(f"backend {spec.text!r}: cannot split flags ({exc})") from None
-        self._cache: CompileCache[bytes] = CompileCache()
 
     @staticmethod
     def unavailable_reason() -> str | None:
@@ -102,7 +104,7 @@ class IreeBackend(BackendBase):
         if missing:
             raise BackendError(f"{self.spec.text}: no value for input(s) {', '.join(missing)}")
         key = CompileCache.key(pinned, self.device, self.flags)
-        vmfb = self._cache.get(key, lambda: self._compile(pinned))
+        vmfb = _CACHE.get(key, lambda: self._compile(pinned))
         context = rt.SystemContext(config=rt.Config(self.device.driver))
         context.add_vm_module(rt.VmModule.copy_buffer(context.instance, vmfb))
         main = context.modules.module[_FUNCTION]

@@ -5,7 +5,7 @@ arrays fed) → ``DecomposeOpsForInference`` → [``ToMixedPrecision`` with ``fp
 operands, float32 accumulation, TVM's default; it must come before ``LegalizeOps`` or it does
 nothing] → ``LegalizeOps`` → ``tvm.compile`` for ``llvm`` (the default) or ``cuda`` under a
 ``PassContext(opt_level=N)`` (3 unless told) → ``relax.VirtualMachine``. What it compiled is
-kept by model hash for the backend's life (``backends/compiled.py``).
+kept by model hash for the process (``backends/compiled.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ from onnx_bisect.compare.precision import PrecisionInfo, parse_precision
 from onnx_bisect.errors import BackendError, BackendUnavailableError, SpecError
 
 __all__ = ["TARGETS", "TvmBackend"]
+
+# What this process compiled, for every backend of this adapter (the key holds its settings).
+_CACHE: CompileCache[Any] = CompileCache()
 
 TARGETS = ("llvm", "cuda")
 _INSTALL = "pip install 'onnx-bisect[tvm]'"
@@ -56,7 +59,6 @@ class TvmBackend(BackendBase):
             raise BackendUnavailableError(f"backend {spec.text!r} is not available: {reason}")
         if self.target == "cuda" and not _device("cuda").exist:
             raise BackendUnavailableError(f"backend {spec.text!r}: TVM sees no CUDA device here")
-        self._cache: CompileCache[Any] = CompileCache()
 
     @staticmethod
     def unavailable_reason() -> str | None:
@@ -81,7 +83,7 @@ class TvmBackend(BackendBase):
             raise BackendError(f"{self.spec.text}: no value for input(s) {', '.join(missing)}")
         settings = (self.target, self.opt_level, self.fp16, self.disabled)
         key = CompileCache.key(pinned, *settings)
-        executable = self._cache.get(key, lambda: self._compile(pinned, feeds))
+        executable = _CACHE.get(key, lambda: self._compile(pinned, feeds))
         device = _device(self.target)
         vm = relax.VirtualMachine(executable, device)
         args = [tvm.runtime.tensor(np.require(feeds[n], requirements="C"), device) for n in order]
