@@ -96,7 +96,7 @@ def test_backends_lists_availability() -> None:
 
 
 def test_backends_install_hints_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    for package in ("openvino", "torch", "tract"):
+    for package in ("openvino", "torch", "tract", "iree.compiler", "tvm"):
         monkeypatch.setitem(sys.modules, package, None)  # ``import PACKAGE`` now fails
     res = runner.invoke(app, ["backends"])
     assert res.exit_code == 0, res.output
@@ -111,6 +111,13 @@ def test_backends_install_hints_name_the_extra(monkeypatch: pytest.MonkeyPatch) 
     )
     assert available["tract"] == (
         "no: the tract package is not installed (pip install 'onnx-bisect[tract]')"
+    )
+    assert available["iree"] == (
+        "no: iree-base-compiler and iree-base-runtime are not installed "
+        "(pip install 'onnx-bisect[iree]')"
+    )
+    assert available["tvm"] == (
+        "no: the apache-tvm package is not installed (pip install 'onnx-bisect[tvm]')"
     )
 
 

@@ -105,6 +105,10 @@ REQUIREMENTS: dict[str, Callable[[], bool]] = {
     "openvino-and-torch": lambda: all(
         importlib.util.find_spec(m) is not None for m in ("openvino", "torch")
     ),
+    "every-backend": lambda: all(
+        importlib.util.find_spec(m) is not None
+        for m in ("openvino", "torch", "tract", "iree.compiler", "iree.runtime", "tvm")
+    ),
 }
 
 

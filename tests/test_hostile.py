@@ -353,7 +353,8 @@ def test_next_steps_quote_paths_with_spaces(hostile_out: Path) -> None:
 
 def test_repro_docs_keep_names_in_code_spans(hostile_out: Path) -> None:
     issue = (hostile_out / "repro" / "issue.md").read_text()
-    assert issue.startswith("# `exec:")
+    # The title names the program the command runs, not the whole command line.
+    assert issue.startswith("# `faulty_runtime.py` diverges from `ONNX Runtime ")
     title = issue.splitlines()[0]
     assert title.endswith("at `fault` (culprit)")
     head = next(i for i, s in enumerate(issue.splitlines()) if s.startswith("| # | node |"))

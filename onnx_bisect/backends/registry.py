@@ -86,6 +86,8 @@ _BUILTIN = (
     Adapter(
         "tract", "onnx_bisect.backends.tract:TractBackend", "tract (Sonos), via its Python bindings"
     ),
+    Adapter("iree", "onnx_bisect.backends.iree:IreeBackend", "IREE: llvm-cpu, cuda, vulkan"),
+    Adapter("tvm", "onnx_bisect.backends.tvm:TvmBackend", "Apache TVM: llvm, cuda"),
     Adapter("exec", "onnx_bisect.backends.exec:ExecBackend", "any program: exec:CMD protocol"),
     Adapter("dump", "onnx_bisect.backends.dump:DumpBackend", "tensors dumped earlier: dump:DIR"),
     Adapter("torch", "onnx_bisect.backends.torch:TorchBackend", "torch on cpu, cuda, mps or xpu"),

@@ -9,6 +9,7 @@ from onnx_bisect.report.escape import cell, code, one_line
 from onnx_bisect.report.format import fenced, plural
 from onnx_bisect.report.markdown import around, render_table
 from onnx_bisect.report.mermaid import mermaid_lines
+from onnx_bisect.report.runtime import env_assignments, runtime_name
 from onnx_bisect.result import CauseKind, nonfinite_origin, nonfinite_phrase
 
 if TYPE_CHECKING:
@@ -26,8 +27,11 @@ _FAILS = {
 
 
 def _headline(result: BisectResult) -> str:
+    """The runtimes by name and version (their specs, whole command lines for ``exec:``, are
+    in the body), then what went wrong where."""
     rc = result.root_cause
-    target, ref = code(result.target.spec), code(result.ref.spec)
+    target = code(runtime_name(result.target.spec, result.versions))
+    ref = code(runtime_name(result.ref.spec, result.versions))
     if rc is not None and rc.kind in _FAILS and rc.nodes:
         return f"{target} {_FAILS[rc.kind]} {code(rc.nodes[0])}"
     if rc is not None and rc.nodes:
@@ -111,6 +115,12 @@ def render_issue(result: BisectResult) -> str:
     head = [f"# {_headline(result)}", "", "## Environment", ""]
     head += [f"- reference: {code(result.ref.spec)} ({one_line(result.ref.description)})"]
     head += [f"- target: {code(result.target.spec)} ({one_line(result.target.description)})"]
+    for role, side in (("reference", result.ref), ("target", result.target)):
+        # `exec:env NAME=VALUE …`: the settings that made it happen, said where they are seen.
+        settings = env_assignments(side.spec)
+        if settings:
+            shown = ", ".join(code(f"{k}={v}") for k, v in settings.items())
+            head += [f"- {role} environment (set by its spec): {shown}"]
     head += [f"- {k}: {v}" for k, v in result.versions.items()]
     head += ["", "## Minimal repro", ""]
     head += _bundle_lines(result)

@@ -15,8 +15,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 from onnx import numpy_helper
 
@@ -227,10 +229,17 @@ def _write(out_dir: Path, built: Fed, script: str) -> None:
             old.unlink()
     data.mkdir(exist_ok=True)
     for i, inp in enumerate(i for i in built.model.graph.input if i.name in built.inputs):
-        tensor = numpy_helper.from_array(np.ascontiguousarray(built.inputs[inp.name]), inp.name)
+        tensor = numpy_helper.from_array(_contiguous(built.inputs[inp.name]), inp.name)
         (data / f"input_{i}.pb").write_bytes(tensor.SerializeToString())
     for i, out in enumerate(built.model.graph.output):
         if out.name in built.outputs:
             tensor = numpy_helper.from_array(np.asarray(built.outputs[out.name]), out.name)
             (data / f"output_{i}.pb").write_bytes(tensor.SerializeToString())
     (out_dir / "repro.py").write_text(script)
+
+
+def _contiguous(value: object) -> npt.NDArray[Any]:
+    """``value`` as a C-contiguous array of its own shape: ``np.ascontiguousarray`` makes a
+    0-d array 1-d, and a bundle whose 0-d input (silero-vad's ``sr``) became (1,) is refused
+    by its own repro.py."""
+    return np.require(np.asarray(value), requirements="C")

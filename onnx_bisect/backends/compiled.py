@@ -1,0 +1,106 @@
+"""What the ML-compiler adapters (``iree``, ``tvm``) share: a model pinned to the shapes it is
+fed, and a cache of compiled artifacts keyed by the model's hash.
+
+A compiler specializes a model to its input shapes, and a strict importer (IREE's) refuses any
+output or ``value_info`` without a full type and shape. So the model it gets is a copy with
+every input's dims set to those of its array, the stale ``value_info`` and output shapes
+dropped (a symbolic dim there would contradict the pinned ones), and types inferred anew.
+
+A diagnosis runs the same model more than once (the screen, a repro bundle's check, a pass
+bisection's runs, each on a backend built anew from its spec); a compile costs seconds to
+minutes, so each adapter keeps what it compiled in one cache per process, keyed by the
+model's bytes, the input shapes and the backend's settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+
+__all__ = ["CompileCache", "fed_inputs", "pinned_model"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def fed_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The graph inputs a caller feeds: those that are not initializers, in graph order."""
+    initializers = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in initializers]
+
+
+def pinned_model(model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> onnx.ModelProto:
+    """A copy of ``model`` whose inputs have the shapes (and dtypes) of ``feeds``, with every
+    other type inferred from them (see module); ``model`` is left untouched."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    initializers = {t.name for t in graph.initializer}
+    kept = [i for i in graph.input if i.name not in initializers]
+    del graph.input[:]
+    graph.input.extend(kept)  # an initializer listed as an input is a constant to a compiler
+    for inp in graph.input:
+        if inp.name not in feeds:
+            continue
+        value = np.asarray(feeds[inp.name])
+        tensor = inp.type.tensor_type
+        tensor.elem_type = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
+        tensor.shape.Clear()
+        tensor.shape.SetInParent()  # a 0-d input has a shape with no dims, not no shape
+        for n in value.shape:
+            tensor.shape.dim.add().dim_value = int(n)
+    del graph.value_info[:]
+    inputs = {i.name: i for i in graph.input}
+    for o in graph.output:
+        if o.name in inputs:  # no node makes it, so inference would leave it untyped
+            o.type.CopyFrom(inputs[o.name].type)
+        else:
+            o.type.tensor_type.ClearField("shape")
+    try:
+        # Without data propagation: IREE's importer re-verifies the dims it would compute.
+        return onnx.shape_inference.infer_shapes(out, data_prop=False)
+    except Exception as exc:  # a custom domain defeats inference; the compiler then says why
+        log.debug("shape inference on the pinned model failed: %s", exc)
+        return out
+
+
+class CompileCache(Generic[T]):
+    """Compiled artifacts by model hash, the ``size`` most recently used kept."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self._items: OrderedDict[str, T] = OrderedDict()
+        self._lock = threading.Lock()  # dataset mode runs sessions in threads
+        self.compiles = 0
+        self.reused = 0
+
+    @staticmethod
+    def key(model: onnx.ModelProto, *settings: object) -> str:
+        digest = hashlib.sha256(model.SerializeToString(deterministic=True))
+        digest.update(repr(settings).encode())
+        return digest.hexdigest()
+
+    def get(self, key: str, build: Callable[[], T]) -> T:
+        """The artifact for ``key``, built by ``build`` only when not already kept (two
+        threads asking at once may both build it; the compile is not held under the lock)."""
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                self.reused += 1
+                return self._items[key]
+        artifact = build()
+        with self._lock:
+            self.compiles += 1
+            self._items[key] = artifact
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return artifact
