@@ -97,6 +97,8 @@ def prepare(
             seed=options.seed,
             values=options.values,
             ranges=options.ranges,
+            max_memory=options.max_memory,
+            allow_nonfinite=options.allow_nonfinite,
         )
         other = load_model(options.target_model) if options.target_model is not None else None
         label = str(other.path or IN_MEMORY) if other else ""

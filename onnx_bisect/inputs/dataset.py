@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 from onnx_bisect.errors import InputError
 from onnx_bisect.inputs.feeds import Feeds, load_feeds, validate_feeds
+from onnx_bisect.inputs.npz import read_npz
 from onnx_bisect.inputs.signature import InputSpec, format_dims
 
 __all__ = ["DatasetItem", "check_dataset", "find_dataset", "load_item"]
@@ -142,11 +142,7 @@ def _rows(path: Path) -> int:
 @functools.lru_cache(maxsize=1)
 def _arrays(path: Path) -> Mapping[str, npt.NDArray[Any]]:
     """A split .npz read once per process (its rows are read one by one)."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except Exception as exc:
-        raise _error(f"{path}: cannot read ({str(exc).splitlines()[0]})") from exc
+    return read_npz(path, what="dataset")
 
 
 def _row(arrays: Mapping[str, npt.NDArray[Any]], row: int, specs: Mapping[str, InputSpec]) -> Feeds:
