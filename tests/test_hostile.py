@@ -648,3 +648,20 @@ def test_nonfinite_given_inputs_are_refused_unless_allowed(
     assert json.loads((out / "report.json").read_text())["root_cause"]["nodes"] == ["mm1"]
     with pytest.raises(onnx_bisect.InputError, match="allow_nonfinite must be True or False"):
         onnx_bisect.BisectOptions(allow_nonfinite="yes")  # type: ignore[arg-type]
+
+
+def test_a_dataset_input_holding_nan_is_refused_before_any_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, own_tmp: Path, model: Path
+) -> None:
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    x = np.random.default_rng(0).random((1, 8)).astype(np.float32)
+    np.savez(frames / "a.npz", x=x)
+    x[0, 3] = np.inf
+    np.savez(frames / "b.npz", x=x)
+    err = refused_input(
+        capsys, tmp_path, own_tmp, str(model), "-t", "cpu", "--dataset", str(frames)
+    )
+    assert err.startswith(f"error: --dataset {frames / 'b.npz'}: the given input 'x' holds Inf"), (
+        err
+    )
