@@ -645,7 +645,9 @@ def test_nonfinite_given_inputs_are_refused_unless_allowed(
     args = [str(model), "-t", target, "-i", str(given), "--threshold", "1e-3", "-q"]
     code, err = cli(capsys, *args, "--allow-nonfinite", "--out", str(out), "-f", "json")
     assert code == 1, err
-    assert json.loads((out / "report.json").read_text())["root_cause"]["nodes"] == ["mm1"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["root_cause"]["nodes"] == ["mm1"]
+    assert "input 'x' holds 1 NaN and 0 Inf of 16 elements (allowed)" in report["notes"][0]
     with pytest.raises(onnx_bisect.InputError, match="allow_nonfinite must be True or False"):
         onnx_bisect.BisectOptions(allow_nonfinite="yes")  # type: ignore[arg-type]
 

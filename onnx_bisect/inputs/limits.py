@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from onnx_bisect.errors import InputError
 
-__all__ = ["ByteLimit", "check_finite", "machine_memory", "nbytes"]
+__all__ = ["ByteLimit", "check_finite", "machine_memory", "nbytes", "nonfinite_notes"]
 
 # Elements checked for NaN/Inf at a time: a bool mask of a whole input would be a quarter of
 # its float32 bytes again.
@@ -86,21 +86,42 @@ def check_finite(feeds: Mapping[str, npt.NDArray[Any]], *, source: str) -> None:
     """An ``InputError`` for the first input holding NaN or Inf: NaN compares unequal to
     itself and an infinity swallows any error, so such inputs hide divergences."""
     for name, value in feeds.items():
-        arr = np.asarray(value)
-        if not np.issubdtype(arr.dtype, np.inexact):
-            continue
-        flat = arr.reshape(-1)
-        for start in range(0, flat.size, _FINITE_BLOCK):
-            block = flat[start : start + _FINITE_BLOCK]
-            if np.isfinite(block).all():
-                continue
-            bad = flat[~np.isfinite(flat)] if flat.size <= _FINITE_BLOCK else block
-            kind = "NaN" if np.isnan(bad).any() else "Inf"
+        nan, inf = _nonfinite(value)
+        if nan or inf:
             raise InputError(
-                f"{source} input {name!r} holds {kind}, which hides any divergence (NaN is "
-                "unequal to itself, an infinity swallows any error); give finite values, or "
-                "pass --allow-nonfinite (allow_nonfinite=True) to diagnose them anyway"
+                f"{source} input {name!r} holds {'NaN' if nan else 'Inf'}, which hides any "
+                "divergence (NaN is unequal to itself, an infinity swallows any error); give "
+                "finite values, or pass --allow-nonfinite (allow_nonfinite=True) to diagnose "
+                "them anyway"
             )
+
+
+def nonfinite_notes(feeds: Mapping[str, npt.NDArray[Any]]) -> list[str]:
+    """A note per input holding NaN or Inf (where ``allow_nonfinite`` let them through): how
+    many elements, and that the metrics leave them out, so that "agrees" is read rightly."""
+    notes = []
+    for name, value in feeds.items():
+        nan, inf = _nonfinite(value)
+        if nan or inf:
+            notes.append(
+                f"input {name!r} holds {nan} NaN and {inf} Inf of {np.asarray(value).size} "
+                "elements (allowed): the metrics compare the elements finite in both, and NaN "
+                "or Inf on one side only is a divergence of its own"
+            )
+    return notes
+
+
+def _nonfinite(value: npt.NDArray[Any]) -> tuple[int, int]:
+    """How many NaN and how many infinities ``value`` holds, counted block by block."""
+    arr = np.asarray(value)
+    if not np.issubdtype(arr.dtype, np.inexact):
+        return 0, 0
+    flat, nan, inf = arr.reshape(-1), 0, 0
+    for start in range(0, flat.size, _FINITE_BLOCK):
+        block = flat[start : start + _FINITE_BLOCK]
+        nan += int(np.count_nonzero(np.isnan(block)))
+        inf += int(np.count_nonzero(np.isinf(block)))
+    return nan, inf
 
 
 def _size(n: int) -> str:
