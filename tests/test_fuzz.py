@@ -13,6 +13,7 @@ derandomized so that CI draws the same examples every time.
 from __future__ import annotations
 
 import io
+import shutil
 import tempfile
 import zipfile
 import zlib
@@ -28,6 +29,7 @@ from onnx import numpy_helper
 from typer.testing import CliRunner
 
 from onnx_bisect.cli import bisect_app
+from onnx_bisect.dumper import dump
 from onnx_bisect.inputs.feeds import save_npz
 from tests.models import chain
 
@@ -145,6 +147,42 @@ def test_a_corrupted_pb_is_an_error_or_a_run(scratch: Path, data: st.DataObject)
     check(*invoke(str(model), "-i", str(case), *RUN))
 
 
+@FUZZ
+@given(data=st.data())
+def test_a_corrupted_npy_is_an_error_or_a_run(scratch: Path, data: st.DataObject) -> None:
+    model = scratch / "good.onnx"
+    model.write_bytes(MODEL)
+    buf = io.BytesIO()
+    np.save(buf, X)
+    given_npy = scratch / "x.npy"
+    given_npy.write_bytes(data.draw(corrupted(buf.getvalue())))
+    check(*invoke(str(model), "-i", str(given_npy), *RUN))
+
+
+@pytest.fixture(scope="module")
+def dumped(scratch: Path) -> Path:
+    """A real dump of the model on cpu: a .npy per tensor, inputs.npz, manifest.json."""
+    model = scratch / "dumped.onnx"
+    model.write_bytes(MODEL)
+    dump(model, "cpu", scratch / "dump")
+    return scratch / "dump"
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_corrupted_dump_is_an_error_or_a_run(
+    scratch: Path, dumped: Path, data: st.DataObject
+) -> None:
+    """Any one file of a dump corrupted: a tensor's .npy, the recorded inputs, the manifest."""
+    model = scratch / "dumped.onnx"
+    copy = scratch / "dump-copy"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(dumped, copy)
+    victim = copy / data.draw(st.sampled_from(sorted(p.name for p in dumped.iterdir())))
+    victim.write_bytes(data.draw(corrupted(victim.read_bytes())))
+    check(*invoke(str(model), "-t", f"dump:{copy}", *RUN[2:]))
+
+
 def test_the_fuzzed_files_are_whole_before_corruption(scratch: Path) -> None:
     """The baselines run: a corruption is what makes an example fail, not its base."""
     model = scratch / "good.onnx"
@@ -198,3 +236,34 @@ def test_a_corrupt_deflate_stream_is_an_error(scratch: Path) -> None:
     code, err = invoke(str(model), "-i", str(broken), *RUN)
     check(code, err)
     assert code == 2, err
+
+
+def test_a_malformed_npy_header_is_an_error(scratch: Path) -> None:
+    """numpy parses the header with Python's tokenizer, whose TokenError is no ValueError."""
+    model = scratch / "good.onnx"
+    model.write_bytes(MODEL)
+    buf = io.BytesIO()
+    np.save(buf, X)
+    given_npy = scratch / "tokens.npy"
+    given_npy.write_bytes(buf.getvalue().replace(b"alse, 'shape': (", b"1"))
+    code, err = invoke(str(model), "-i", str(given_npy), *RUN)
+    assert code == 2 and "tokens.npy: has a malformed .npy header" in err, err
+
+
+def test_a_zip_of_a_future_version_is_an_error(scratch: Path) -> None:
+    model = scratch / "good.onnx"
+    model.write_bytes(MODEL)
+    body = bytearray(_stored_npz(scratch))
+    central = body.index(b"PK\x01\x02")
+    body[central + 6 : central + 8] = (109).to_bytes(2, "little")  # version needed: 10.9
+    future = scratch / "future.npz"
+    future.write_bytes(bytes(body))
+    code, err = invoke(str(model), "-i", str(future), *RUN)
+    assert code == 2 and "future.npz: cannot read (zip file version 10.9)" in err, err
+
+
+def test_a_damaged_dump_manifest_only_loses_the_backends_name(scratch: Path, dumped: Path) -> None:
+    copy = scratch / "manifest-copy"
+    shutil.copytree(dumped, copy)
+    (copy / "manifest.json").write_bytes(b"\xff not json")
+    assert invoke(str(scratch / "dumped.onnx"), "-t", f"dump:{copy}", *RUN[2:]) == (0, "")

@@ -98,8 +98,12 @@ class DumpBackend(BackendBase):
     def describe(self) -> str:
         manifest = self.path / MANIFEST if self.path.is_dir() else None
         if manifest is not None and manifest.is_file():
-            meta = json.loads(manifest.read_text())
-            return f"dump of {meta.get('backend', '?')} ({len(self._tensors)} tensors)"
+            try:
+                backend = json.loads(manifest.read_bytes())["backend"]
+            except (ValueError, KeyError, TypeError):
+                backend = None  # not ours, or damaged: it only names the backend
+            if isinstance(backend, str):
+                return f"dump of {backend} ({len(self._tensors)} tensors)"
         return f"dump at {self.path} ({len(self._tensors)} tensors)"
 
 

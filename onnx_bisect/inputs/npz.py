@@ -22,6 +22,7 @@ import lzma
 import os
 import stat
 import struct
+import tokenize
 import zipfile
 import zlib
 from collections.abc import Collection, Iterator
@@ -42,6 +43,10 @@ __all__ = ["NpyHeader", "npz_headers", "read_npy", "read_npz", "regular_file"]
 _LOCAL = struct.Struct("<4s5H3L2H")
 _NPY_MAGIC = b"\x93NUMPY"
 _SLICE = 64 << 20
+_MALFORMED = (
+    ValueError, SyntaxError, TypeError, KeyError, IndexError, OverflowError, RecursionError,
+    tokenize.TokenError,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -142,7 +147,7 @@ def _no_objects(header: NpyHeader) -> NpyHeader:
 def _opened(path: Path, what: str) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
         raise InputError(f"{what} {path}: cannot read ({_first_line(exc)})") from None
 
 
@@ -171,13 +176,17 @@ def _read_header(f: IO[bytes]) -> NpyHeader:
         version = np.lib.format.read_magic(f)
     except ValueError:
         raise ValueError("is not an .npy array") from None
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-    elif version == (2, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-    else:
+    if version not in ((1, 0), (2, 0)):
         raise ValueError(f"is .npy format {version[0]}.{version[1]}; save it with np.savez")
-    return NpyHeader(tuple(int(d) for d in shape), np.dtype(dtype), bool(fortran))
+    read = np.lib.format.read_array_header_1_0
+    if version == (2, 0):
+        read = np.lib.format.read_array_header_2_0
+    try:
+        shape, fortran, dtype = read(f)
+        return NpyHeader(tuple(int(d) for d in shape), np.dtype(dtype), bool(fortran))
+    except _MALFORMED as exc:
+        # numpy parses the header with Python's tokenizer and literal_eval: their errors.
+        raise ValueError(f"has a malformed .npy header ({_first_line(exc)})") from None
 
 
 def _stored_header(raw: IO[bytes], info: zipfile.ZipInfo) -> NpyHeader | None:
