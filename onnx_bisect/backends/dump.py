@@ -12,7 +12,7 @@ isolation, window or cut search against it, only the accumulated comparison.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,15 +78,32 @@ class DumpBackend(BackendBase):
                 "dump of another model? dump this one with onnx-bisect dump MODEL --backend "
                 "SPEC --out DIR"
             )
-        return {n: self.load(n) for n in wanted if n in self._tensors}
+        return self.load([n for n in wanted if n in self._tensors])
 
-    def load(self, name: str) -> npt.NDArray[Any]:
-        source, limit = self._tensors[name], ByteLimit.here(None)
-        if source.suffix == ".pb":
-            return read_tensor_pb(source.path, limit=limit, what=_WHAT)[1]
-        if source.suffix == ".npz":
-            return read_npz(source.path, [source.key], limit=limit, what=_WHAT)[source.key]
-        return read_npy(source.path, limit=limit, what=_WHAT)
+    def load(self, names: Sequence[str]) -> Tensors:
+        """The tensors ``names``, each checked against the machine from its header first; an
+        .npz is read once for all the tensors it holds, its others never."""
+        limit = ByteLimit.here(None)
+        by_npz: dict[Path, set[str]] = {}
+        for name in names:
+            source = self._tensors[name]
+            if source.suffix == ".npz":
+                by_npz.setdefault(source.path, set()).add(source.key)
+        arrays = {
+            (path, key): value
+            for path, keys in by_npz.items()
+            for key, value in read_npz(path, keys, limit=limit, what=_WHAT).items()
+        }
+        out: dict[str, npt.NDArray[Any]] = {}
+        for name in names:
+            source = self._tensors[name]
+            if source.suffix == ".npz":
+                out[name] = arrays[source.path, source.key]
+            elif source.suffix == ".pb":
+                out[name] = read_tensor_pb(source.path, limit=limit, what=_WHAT)[1]
+            else:
+                out[name] = read_npy(source.path, limit=limit, what=_WHAT)
+        return out
 
     def recorded_inputs(self) -> Tensors | None:
         """The inputs recorded with the dump, when it has them."""
