@@ -667,3 +667,12 @@ def test_a_dataset_input_holding_nan_is_refused_before_any_run(
     assert err.startswith(f"error: --dataset {frames / 'b.npz'}: the given input 'x' holds Inf"), (
         err
     )
+
+
+def test_a_pickled_split_dataset_is_refused_unread(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, own_tmp: Path, model: Path
+) -> None:
+    rows = tmp_path / "rows.npz"
+    np.savez(rows, x=np.array([{"would": "unpickle"}], dtype=object))
+    err = refused_input(capsys, tmp_path, own_tmp, str(model), "-t", "cpu", "--dataset", str(rows))
+    assert err.startswith(f"error: --dataset {rows}: x.npy holds Python objects"), err

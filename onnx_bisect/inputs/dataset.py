@@ -159,7 +159,10 @@ def _rows(path: Path) -> int:
 @functools.lru_cache(maxsize=1)
 def _arrays(path: Path) -> Mapping[str, npt.NDArray[Any]]:
     """A split .npz read once per process (its rows are read one by one)."""
-    return read_npz(path, what="dataset")
+    try:
+        return read_npz(path, what="dataset")
+    except InputError as exc:  # as the dataset option's own error (--dataset on a command line)
+        raise _error(str(exc).removeprefix("dataset ")) from None
 
 
 def _row(arrays: Mapping[str, npt.NDArray[Any]], row: int, specs: Mapping[str, InputSpec]) -> Feeds:
