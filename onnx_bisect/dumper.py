@@ -49,6 +49,7 @@ def dump(
     ranges: Mapping[str, tuple[float, float]] | None = None,
     seed: int = 0,
     max_memory: int = DEFAULT_MAX_MEMORY,
+    allow_nonfinite: bool = False,
 ) -> DumpResult:
     """Write every top-level tensor ``backend`` computes, plus the inputs and a manifest.
 
@@ -57,7 +58,10 @@ def dump(
     renamed into place, so an interruption leaves the earlier dump or the new one.
     """
     # The options it shares with bisect(), checked by the same rules.
-    BisectOptions(shapes=shapes, values=values, ranges=ranges, seed=seed, max_memory=max_memory)
+    BisectOptions(
+        shapes=shapes, values=values, ranges=ranges, seed=seed, max_memory=max_memory,
+        allow_nonfinite=allow_nonfinite,
+    )  # fmt: skip
     directory = Path(out)
     check_out_dir(directory, reads=[Path(model)] if isinstance(model, (str, os.PathLike)) else [])
     earlier = _earlier_dump(directory)
@@ -65,7 +69,7 @@ def dump(
     runner = create_backend(backend)
     feeds = run_feeds(
         loaded.model, [runner], inputs=inputs, shapes=shapes, values=values, ranges=ranges,
-        seed=seed,
+        seed=seed, max_memory=max_memory, allow_nonfinite=allow_nonfinite,
     )  # fmt: skip
     sizes = tensor_nbytes(fix_input_shapes(loaded.model, {k: v.shape for k, v in feeds.items()}))
     feed_bytes = sum(v.nbytes for v in feeds.values())

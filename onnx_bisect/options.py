@@ -68,6 +68,9 @@ class BisectOptions:
     # ... or -> (low, high): floats uniform in [low, high), integers in [low, high] inclusive.
     ranges: Mapping[str, tuple[float, float]] | None = None
     seed: int = 0
+    # Inputs holding NaN or Inf (generated or given) are refused unless this is set: they
+    # hide divergences (NaN is unequal to itself, an infinity swallows any error).
+    allow_nonfinite: bool = False
     metric: str = "rel_l2"
     threshold: float | str = "auto"
     noise_k: float = NOISE_K
@@ -114,6 +117,7 @@ class BisectOptions:
         _number("rtol", self.rtol, optional=True)
         _number("timeout", self.timeout, positive=True, optional=True)
         _whole("max_memory", self.max_memory, low=1, what="a whole number of bytes")
+        _flag("allow_nonfinite", self.allow_nonfinite)
         _flag("parallel", self.parallel)
         _flag("always_scan", self.always_scan)
         _flag("isolate_crashes", self.isolate_crashes, optional=True)

@@ -211,8 +211,12 @@ def test_internal_error_exit_3_and_debug_traceback(monkeypatch: pytest.MonkeyPat
     assert res.stderr.strip().splitlines() == [
         "error: internal error: RuntimeError: kaboom (rerun with --debug)"
     ]
+    # --debug adds the traceback and never changes the code (Python's own exit 1 for an
+    # uncaught exception would read "divergence found").
     res = runner.invoke(bisect_app, [str(YOLO), "-t", "ref", "--debug"])
-    assert isinstance(res.exception, RuntimeError)
+    assert res.exit_code == 3
+    assert "Traceback" in res.stderr and "RuntimeError: kaboom" in res.stderr
+    assert res.stderr.strip().splitlines()[-1] == "error: internal error: RuntimeError: kaboom"
 
 
 # Real subprocesses through the installed console scripts.

@@ -98,7 +98,12 @@ BAD = {
     "max-memory inf": ("--max-memory 1e999", "--max-memory '1e999' is not a size"),
     "max-memory 1": (
         "--max-memory 1",
-        "--max-memory 1 cannot hold the largest tensor, '/stem/conv/Conv_output_0' "
+        "--max-memory 1 cannot hold the generated inputs (the largest, 'images': 1x3x160x160 "
+        "float32), 307200 bytes (300 KiB); give smaller shapes (--shape), or more memory",
+    ),
+    "max-memory 1000000": (
+        "--max-memory 1000000",
+        "--max-memory 1000000 cannot hold the largest tensor, '/stem/conv/Conv_output_0' "
         "(204800 bytes), beside a runtime's working set (921600 bytes) and what the diagnosis "
         "keeps (993600 bytes) in float64; give at least 3246400 (3.1MB), or 1710400 with a "
         "fixed threshold (no float64 oracle)",
@@ -214,7 +219,10 @@ def test_api_input_and_memory_errors_name_no_flags(tmp_path: Path) -> None:
     assert str(err.value) == f"inputs {tmp_path / 'nope.npz'}: no such file or directory"
     with pytest.raises(InputError) as err:
         onnx_bisect.bisect(YOLO, target=target, max_memory=1024)
-    assert str(err.value).startswith("max_memory 1024 cannot hold the largest tensor")
+    assert str(err.value).startswith("max_memory 1024 cannot hold the generated inputs")
+    with pytest.raises(InputError) as err:
+        onnx_bisect.bisect(YOLO, target=target, max_memory=1_000_000)
+    assert str(err.value).startswith("max_memory 1000000 cannot hold the largest tensor")
     with pytest.raises(InputError) as err:
         onnx_bisect.bisect(YOLO, target=target, shapes={"images": (1, 3, 160)})
     assert str(err.value).startswith("shapes images: rank 3 but the model's input has rank 4")

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import onnx_bisect.inputs.values as values_module
 from onnx_bisect.errors import InputError
 from onnx_bisect.inputs.feeds import (
     InputSpec,
@@ -19,6 +20,7 @@ from onnx_bisect.inputs.feeds import (
     save_npz,
     validate_feeds,
 )
+from onnx_bisect.inputs.values import Fill, draw
 from tests.models import chain, two_inputs, typed_inputs
 
 TWO = input_specs(two_inputs())  # a[seq, 4] float32, mask[seq, 4] bool
@@ -567,3 +569,27 @@ def test_options_check_values_without_a_model() -> None:
     with pytest.raises(InputError, match="low 1 is above high 0"):
         BisectOptions(ranges={"x": (1, 0)})
     assert BisectOptions(values={"sr": 16000}, ranges={"x": (-1.0, 1.0)}).values == {"sr": 16000}
+
+
+@pytest.mark.parametrize(
+    ("dtype", "fill"),
+    [
+        (np.float32, Fill(0.0, 1.0)),
+        (np.float16, Fill(-3.0, 3.0)),
+        (np.int64, Fill(0, 9)),
+        (np.uint8, Fill(0, 255)),
+        (np.bool_, Fill(0, 1)),
+        (np.uint64, Fill(0, 2**64 - 1)),
+    ],
+)
+def test_drawing_in_blocks_draws_what_one_draw_does(
+    monkeypatch: pytest.MonkeyPatch, dtype: type[np.generic], fill: Fill
+) -> None:
+    """Blocks keep the peak near the tensor's own bytes; a seed's values and the generator's
+    state after them stay those of a single draw."""
+    whole_rng, blocks_rng = np.random.default_rng(3), np.random.default_rng(3)
+    whole = draw(whole_rng, np.dtype(dtype), (3, 2500), fill)  # one block of 2**20
+    monkeypatch.setattr(values_module, "_DRAW_BLOCK", 1000)
+    blocks = draw(blocks_rng, np.dtype(dtype), (3, 2500), fill)  # 8 blocks, the last short
+    assert blocks.dtype == whole.dtype and np.array_equal(blocks, whole)
+    assert blocks_rng.random() == whole_rng.random()

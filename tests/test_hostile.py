@@ -18,7 +18,10 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+import tracemalloc
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +30,7 @@ import psutil
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import onnx_bisect
 from onnx_bisect.cli import bisect_entry, main_entry
 from onnx_bisect.engine.oracle import float64
 from onnx_bisect.report.files import REPORT_FILES
@@ -648,3 +652,283 @@ def test_a_hang_is_reported_as_a_hang_of_the_node(tmp_path: Path, model: Path) -
     assert "hangs (timed out after 3 s) whenever MatMul 'mm1' is in the model" in cause["reason"]
     assert "Identity" not in stdout
     assert_left_nothing(tmp_path, model, out)
+
+
+# --- every bad input is exit 2 before allocation (issue 26 scope 5) ------------------------
+# Each case: exit 2, one line on stderr, no traceback, nothing created outside --out (the
+# temp directory included), and the refusal comes from a header or a shape, before the bytes
+# it promises are allocated or read.
+
+
+def bad_input(code: int, err: str, *words: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: "), err
+    for word in words:
+        assert word in err, err
+
+
+# onnxruntime's own file: importing it (in a runtime's or the oracle's process) writes its
+# session id to $TMPDIR/.ses, once, and never removes it.
+ORT_SESSION_FILE = ".ses"
+
+
+@pytest.fixture
+def own_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temp directory of this test's own, so that a leftover temp folder is seen. It holds
+    onnxruntime's session file from the start, as /tmp does on any machine that ran it."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    (tmp / ORT_SESSION_FILE).write_text("0\n")
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tmp
+
+
+def kept(found: dict[str, bytes | str]) -> dict[str, bytes | str]:
+    """``found`` but the bytes of onnxruntime's session file, which its import rewrites."""
+    return {k: (v if Path(k).name != ORT_SESSION_FILE else "") for k, v in found.items()}
+
+
+def refused_input(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, own_tmp: Path, *args: str
+) -> str:
+    """``bisect ARGS --out tmp/out``, which must be refused with nothing left anywhere; the
+    error line. numpy's allocations are traced: the refusal must come before them."""
+    before = kept(tree(tmp_path))
+    tracemalloc.start()
+    try:
+        code, err = cli(capsys, *args, "--out", str(tmp_path / "out"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    bad_input(code, err)
+    assert kept(tree(tmp_path)) == before
+    assert peak < 256 << 20, f"{peak} bytes traced before the refusal"
+    return err
+
+
+def tensor_pb(path: Path, dims: list[int], raw: bytes, name: str = "x") -> Path:
+    t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=dims, raw_data=raw)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(t.SerializeToString())
+    return path
+
+
+def npz_member(path: Path, name: str, header: dict[str, object], body: bytes) -> None:
+    """A deflated .npz member: an .npy ``header`` (its word on shape and dtype) and ``body``."""
+    with (
+        zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as zf,
+        zf.open(name, "w", force_zip64=True) as f,
+    ):
+        np.lib.format.write_array_header_1_0(f, header)
+        f.write(body)
+
+
+def test_a_shape_beyond_the_budget_is_refused_before_allocation(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, own_tmp: Path, model: Path
+) -> None:
+    """``--shape`` × dtype against --max-memory, then against the machine (2.9 TiB each)."""
+    err = refused_input(capsys, tmp_path, own_tmp, str(model), "-t", "cpu", "--shape", "x=1e11x8")
+    assert "--shape 'x=1e11x8': dims must be integers" in err
+    args = (str(model), "-t", "cpu", "--shape", "x=100000000000x8")
+    err = refused_input(capsys, tmp_path, own_tmp, *args)
+    assert err.startswith("error: --max-memory 4294967296 cannot hold the generated inputs"), err
+    assert "'x': 100000000000x8 float32), 3200000000000 bytes (2.91 TiB)" in err
+    err = refused_input(capsys, tmp_path, own_tmp, *args, "--max-memory", "1e15")
+    assert "2.91 TiB, more than this machine has free" in err
+
+
+def test_pb_inputs_are_checked_from_their_dims_before_reading(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, own_tmp: Path, model: Path
+) -> None:
+    case = tmp_path / "case"
+    tensor_pb(case / "input_0.pb", [1_000_000, 1_000_000], b"\0" * 64)  # 1e12 elements
+    err = refused_input(capsys, tmp_path, own_tmp, str(model), "-t", "cpu", "-i", str(case))
+    assert "cannot hold inputs" in err and "input_0.pb, 4000000000000 bytes" in err
+    tensor_pb(case / "input_0.pb", [2, 8], b"\0" * 60)  # 15 floats for 16
+    err = refused_input(capsys, tmp_path, own_tmp, str(model), "-t", "cpu", "-i", str(case))
+    assert "input_0.pb: its dims (2x8) do not match the data it holds" in err
+    (case / "input_0.pb").write_bytes(b"\xff\xff garbage \x00\x01")
+    err = refused_input(capsys, tmp_path, own_tmp, str(model), "-t", "cpu", "-i", str(case))
+    assert "input_0.pb: not a TensorProto" in err
+    (case / "input_0.pb").unlink()
+    (case / "input_0.pb").symlink_to("/dev/zero")
+    err = refused_input(capsys, tmp_path, own_tmp, str(model), "-t", "cpu", "-i", str(case))
+    assert "input_0.pb: not a regular file" in err
+
+
+def test_an_npz_input_is_checked_from_its_headers_and_never_unpickled(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, own_tmp: Path, model: Path
+) -> None:
+    """A bomb (a header claiming 2.9 TiB over a short deflated stream) is refused from its
+    header in no time; a pickled array is refused without being unpickled."""
+    bomb = tmp_path / "bomb.npz"
+    huge = {"descr": "<f4", "fortran_order": False, "shape": (100_000_000_000, 8)}
+    npz_member(bomb, "x.npy", huge, b"not even deflated zeros")
+    start = time.monotonic()
+    err = refused_input(capsys, tmp_path, own_tmp, str(model), "-t", "cpu", "-i", str(bomb))
+    assert time.monotonic() - start < 5
+    assert "cannot hold inputs" in err and "3200000000000 bytes" in err
+    pickled = tmp_path / "pickled.npz"
+    # numpy writes the pickle itself; the payload would run code if it were ever loaded.
+    np.savez(pickled, x=np.array([{"would": "unpickle"}], dtype=object))
+    err = refused_input(capsys, tmp_path, own_tmp, str(model), "-t", "cpu", "-i", str(pickled))
+    assert "x.npy holds Python objects (a pickle), which are never unpickled" in err
+    assert "allow_pickle=False" in err
+    wrong = tmp_path / "wrong.npz"
+    npz_member(wrong, "x.npy", {**huge, "shape": (2, 9)}, b"garbage, never read")
+    err = refused_input(capsys, tmp_path, own_tmp, str(model), "-t", "cpu", "-i", str(wrong))
+    assert "input 'x' has shape (2, 9) but dim 1 must be 8" in err
+
+
+@pytest.fixture
+def dumped(tmp_path: Path, model: Path) -> Path:
+    """A real dump of the model on cpu."""
+    with pytest.raises(SystemExit) as exit_:
+        main_entry(["dump", str(model), "-b", "cpu", "-o", str(tmp_path / "dump"), "-q"])
+    assert exit_.value.code == 0
+    return tmp_path / "dump"
+
+
+@pytest.mark.parametrize("flaw", ["garbage .pb", "pickled .npz", ".pb linked to /dev/zero"])
+def test_a_dump_holding_a_bad_file_is_refused(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    own_tmp: Path,
+    model: Path,
+    dumped: Path,
+    flaw: str,
+) -> None:
+    if flaw == "garbage .pb":
+        (dumped / "junk.pb").write_bytes(b"garbage\xff\xff\x01")
+        expected = "junk.pb: not a TensorProto"
+    elif flaw == "pickled .npz":
+        np.savez(dumped / "extra.npz", y=np.array([{"a": 1}], dtype=object))
+        expected = "extra.npz: y.npy holds Python objects (a pickle), which are never unpickled"
+    else:
+        (dumped / "zero.pb").symlink_to("/dev/zero")
+        expected = "zero.pb: not a regular file"
+    err = refused_input(capsys, tmp_path, own_tmp, str(model), "-t", f"dump:{dumped}")
+    assert err.startswith(f"error: dump {dumped}/"), err
+    assert expected in err
+
+
+def test_extra_arrays_in_a_runtimes_outputs_are_never_read(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, own_tmp: Path, model: Path
+) -> None:
+    """The protocol ignores extra arrays, so they are never decompressed: here one claims
+    2.9 TiB over a stream that is not even deflate data; reading it would fail."""
+    wrapper = tmp_path / "runtime.py"
+    wrapper.write_text(
+        "import runpy, shutil, sys, zipfile\n"
+        "import numpy as np\n"
+        "try:\n"
+        f"    runpy.run_path({str(FAULTY_RUNTIME)!r}, run_name='__main__')\n"
+        "except SystemExit as done:\n"
+        "    assert not done.code, done.code\n"
+        "with zipfile.ZipFile(sys.argv[3], 'a', compression=zipfile.ZIP_DEFLATED) as zf:\n"
+        "    with zf.open('extra.npy', 'w', force_zip64=True) as f:\n"
+        "        np.lib.format.write_array_header_1_0(\n"
+        "            f, {'descr': '<f4', 'fortran_order': False, 'shape': (10**11, 8)})\n"
+        "        f.write(b'never read')\n"
+        f"shutil.copy(sys.argv[3], {str(tmp_path / 'written.npz')!r})\n"
+    )
+    cmd = [sys.executable, str(wrapper), "{model}", "{inputs}", "{outputs}"]
+    out = tmp_path / "out"
+    args = [str(model), "-t", "exec:" + shlex.join(cmd), "--threshold", "1e-3", "-q"]
+    code, err = cli(capsys, *args, "--out", str(out), "-f", "json")
+    assert (code, err) == (0, "")
+    with zipfile.ZipFile(tmp_path / "written.npz") as zf:  # what the runtime wrote
+        assert zf.namelist() == ["y.npy", "extra.npy"]
+    report = json.loads((out / "report.json").read_text())
+    assert (report["verdict"], report["runs"]["target"]) == ("match", 1)
+    assert report["outputs"][0]["tensor"] == "y"
+    assert os.listdir(own_tmp) == [ORT_SESSION_FILE]
+
+
+def test_debug_never_changes_an_exit_code(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    model: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An internal error is exit 3 with or without --debug (which adds the traceback), both
+    inside a command's own handling and after it (the summary printed last)."""
+    import onnx_bisect.report as report
+    from onnx_bisect.cli import commands
+
+    def boom(*_a: object, **_k: object) -> None:
+        raise RuntimeError("planted")
+
+    args = [str(model), "-t", "cpu"]
+    for where, name in ((commands, "run_bisect"), (report, "print_summary")):
+        with monkeypatch.context() as patch:
+            patch.setattr(where, name, boom)
+            code, err = cli(capsys, *args)
+            assert code == 3, err
+            assert err.startswith("error: internal error: RuntimeError: planted"), err
+            assert len(err.strip().splitlines()) == 1, err
+            code, err = cli(capsys, *args, "--debug")
+            assert code == 3, err
+            assert "Traceback" in err and "RuntimeError: planted" in err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_nonfinite_constant_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, own_tmp: Path, model: Path, value: str
+) -> None:
+    err = refused_input(capsys, tmp_path, own_tmp, str(model), "-t", "cpu", "--value", f"x={value}")
+    assert err.startswith(f"error: --value: x={float(value)} is not finite"), err
+    assert "--allow-nonfinite" in err
+
+
+def test_nonfinite_given_inputs_are_refused_unless_allowed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, own_tmp: Path, model: Path
+) -> None:
+    """Refused by default; allowed, the diagnosis still finds the planted fault (the metrics
+    cover the elements finite in both)."""
+    x = np.random.default_rng(0).random((2, 8)).astype(np.float32)
+    x[0, 0] = np.nan
+    given = tmp_path / "nan.npz"
+    np.savez(given, x=x)
+    err = refused_input(capsys, tmp_path, own_tmp, str(model), "-t", "cpu", "-i", str(given))
+    assert "the given input 'x' holds NaN" in err and "--allow-nonfinite" in err
+    cmd = [sys.executable, str(FAULTY_RUNTIME), "{model}", "{inputs}", "{outputs}"]
+    target = "exec:" + shlex.join([*cmd, "--fault", "mm1=0.05"])
+    out = tmp_path / "out"
+    args = [str(model), "-t", target, "-i", str(given), "--threshold", "1e-3", "-q"]
+    code, err = cli(capsys, *args, "--allow-nonfinite", "--out", str(out), "-f", "json")
+    assert code == 1, err
+    report = json.loads((out / "report.json").read_text())
+    assert report["root_cause"]["nodes"] == ["mm1"]
+    assert "input 'x' holds 1 NaN and 0 Inf of 16 elements (allowed)" in report["notes"][0]
+    with pytest.raises(onnx_bisect.InputError, match="allow_nonfinite must be True or False"):
+        onnx_bisect.BisectOptions(allow_nonfinite="yes")  # type: ignore[arg-type]
+
+
+def test_a_dataset_input_holding_nan_is_refused_before_any_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, own_tmp: Path, model: Path
+) -> None:
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    x = np.random.default_rng(0).random((1, 8)).astype(np.float32)
+    np.savez(frames / "a.npz", x=x)
+    x[0, 3] = np.inf
+    np.savez(frames / "b.npz", x=x)
+    err = refused_input(
+        capsys, tmp_path, own_tmp, str(model), "-t", "cpu", "--dataset", str(frames)
+    )
+    assert err.startswith(f"error: --dataset {frames / 'b.npz'}: the given input 'x' holds Inf"), (
+        err
+    )
+
+
+def test_a_pickled_split_dataset_is_refused_unread(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, own_tmp: Path, model: Path
+) -> None:
+    rows = tmp_path / "rows.npz"
+    np.savez(rows, x=np.array([{"would": "unpickle"}], dtype=object))
+    err = refused_input(capsys, tmp_path, own_tmp, str(model), "-t", "cpu", "--dataset", str(rows))
+    assert err.startswith(f"error: --dataset {rows}: x.npy holds Python objects"), err

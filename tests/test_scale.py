@@ -25,6 +25,7 @@ from onnx_bisect.engine.measure.operands import reference_operands
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.oracle import float64
 from onnx_bisect.engine.session import StageTimer
+from onnx_bisect.errors import InputError
 from onnx_bisect.graph.extract import derived_kind, with_outputs
 from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.view import TensorMeta
@@ -198,7 +199,7 @@ def test_read_npz_reads_what_np_load_reads(tmp_path: Path) -> None:
     }
     pickled = tmp_path / "objects.npz"
     np.savez(pickled, o=np.array([{"a": 1}], dtype=object))
-    with pytest.raises(ValueError, match="object arrays"):
+    with pytest.raises(InputError, match="holds Python objects .a pickle., which are never"):
         read_npz(pickled)
 
 

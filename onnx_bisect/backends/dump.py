@@ -12,20 +12,22 @@ isolation, window or cut search against it, only the accumulated comparison.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-import numpy as np
 import numpy.typing as npt
 import onnx
-from onnx import numpy_helper
 
 from onnx_bisect.backends.protocol import BackendBase, Capabilities, Tensors
 from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.errors import BackendError, InputError, SpecError
 from onnx_bisect.graph.extract import derived_kind
+from onnx_bisect.inputs.limits import ByteLimit
+from onnx_bisect.inputs.npz import npz_headers, read_npy, read_npz, regular_file
+from onnx_bisect.inputs.tensorpb import read_tensor_pb, tensor_pb_name
 
 __all__ = ["DumpBackend", "INPUTS_FILE", "MANIFEST", "file_name", "tensor_name"]
 
@@ -37,6 +39,7 @@ MANIFEST = "manifest.json"
 
 
 _SAFE = "._-"
+_WHAT = "dump"  # leads its errors: "dump DIR/x.pb: not a TensorProto (...)"
 
 
 def file_name(tensor: str) -> str:
@@ -75,33 +78,49 @@ class DumpBackend(BackendBase):
                 "dump of another model? dump this one with onnx-bisect dump MODEL --backend "
                 "SPEC --out DIR"
             )
-        return {n: self.load(n) for n in wanted if n in self._tensors}
+        return self.load([n for n in wanted if n in self._tensors])
 
-    def load(self, name: str) -> npt.NDArray[Any]:
-        source = self._tensors[name]
-        if isinstance(source, Path):
-            if source.suffix == ".pb":
-                t = onnx.TensorProto()
-                t.ParseFromString(source.read_bytes())
-                return numpy_helper.to_array(t)
-            arr: npt.NDArray[Any] = np.load(source, allow_pickle=False)
-            return arr
-        value: npt.NDArray[Any] = source
-        return value
+    def load(self, names: Sequence[str]) -> Tensors:
+        """The tensors ``names``, each checked against the machine from its header first; an
+        .npz is read once for all the tensors it holds, its others never."""
+        limit = ByteLimit.here(None)
+        by_npz: dict[Path, set[str]] = {}
+        for name in names:
+            source = self._tensors[name]
+            if source.suffix == ".npz":
+                by_npz.setdefault(source.path, set()).add(source.key)
+        arrays = {
+            (path, key): value
+            for path, keys in by_npz.items()
+            for key, value in read_npz(path, keys, limit=limit, what=_WHAT).items()
+        }
+        out: dict[str, npt.NDArray[Any]] = {}
+        for name in names:
+            source = self._tensors[name]
+            if source.suffix == ".npz":
+                out[name] = arrays[source.path, source.key]
+            elif source.suffix == ".pb":
+                out[name] = read_tensor_pb(source.path, limit=limit, what=_WHAT)[1]
+            else:
+                out[name] = read_npy(source.path, limit=limit, what=_WHAT)
+        return out
 
     def recorded_inputs(self) -> Tensors | None:
         """The inputs recorded with the dump, when it has them."""
         path = self.path / INPUTS_FILE if self.path.is_dir() else None
         if path is None or not path.is_file():
             return None
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+        return read_npz(path, what=_WHAT)
 
     def describe(self) -> str:
         manifest = self.path / MANIFEST if self.path.is_dir() else None
         if manifest is not None and manifest.is_file():
-            meta = json.loads(manifest.read_text())
-            return f"dump of {meta.get('backend', '?')} ({len(self._tensors)} tensors)"
+            try:
+                backend = json.loads(manifest.read_bytes())["backend"]
+            except (ValueError, KeyError, TypeError):
+                backend = None  # not ours, or damaged: it only names the backend
+            if isinstance(backend, str):
+                return f"dump of {backend} ({len(self._tensors)} tensors)"
         return f"dump at {self.path} ({len(self._tensors)} tensors)"
 
 
@@ -110,21 +129,34 @@ def _tensor_names(model: onnx.ModelProto) -> set[str]:
     return {o for n in graph.node for o in n.output} | {o.name for o in graph.output}
 
 
-def _index(path: Path) -> dict[str, Any]:
-    """Tensor name -> where its value is (a file, or the array itself for an .npz)."""
+@dataclass(frozen=True)
+class _Source:
+    """Where a dumped tensor is: a file, or array ``key`` of an .npz (read when asked for:
+    a dump's headers are checked when it is opened, its data only as each tensor is needed)."""
+
+    path: Path
+    key: str = ""
+
+    @property
+    def suffix(self) -> str:
+        return self.path.suffix
+
+
+def _index(path: Path) -> dict[str, _Source]:
+    """Tensor name -> where its value is. Every file is checked as it is indexed: a regular
+    file, a TensorProto that parses, an .npz whose headers hold no pickled objects."""
     if path.is_file() and path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    found: dict[str, Any] = {}
+        return {k: _Source(path, k) for k in npz_headers(path, what=_WHAT)}
+    found: dict[str, _Source] = {}
     for f in sorted(path.glob("*.npy")):
-        found[tensor_name(f.name)] = f
+        regular_file(f, _WHAT)
+        found[tensor_name(f.name)] = _Source(f)
+    limit = ByteLimit.here(None)
     for f in sorted(path.glob("*.pb")):
-        t = onnx.TensorProto()
-        t.ParseFromString(f.read_bytes())
-        if t.name:
-            found[t.name] = f
+        name = tensor_pb_name(f, limit=limit, what=_WHAT)
+        if name:
+            found[name] = _Source(f)
     npz = sorted(p for p in path.glob("*.npz") if p.name != INPUTS_FILE)
     for z_path in npz:
-        with np.load(z_path, allow_pickle=False) as z:
-            found.update({k: z[k] for k in z.files})
+        found.update({k: _Source(z_path, k) for k in npz_headers(z_path, what=_WHAT)})
     return found

@@ -24,7 +24,7 @@ import onnx
 from onnx_bisect.backends.passes import PassControl, Workaround
 from onnx_bisect.backends.protocol import BackendBase, Capabilities, Tensors
 from onnx_bisect.backends.spec import BackendSpec
-from onnx_bisect.errors import BackendCrash, BackendError, SpecError
+from onnx_bisect.errors import BackendCrash, BackendError, InputError, SpecError
 from onnx_bisect.graph.save import save_model
 from onnx_bisect.inputs.feeds import save_npz
 from onnx_bisect.inputs.npz import read_npz
@@ -102,7 +102,13 @@ class ExecBackend(BackendBase):
             for line in _text(proc.stderr).splitlines():
                 if line.startswith(NOTE_PREFIX):
                     self._note(line.removeprefix(NOTE_PREFIX).strip(), once=True)
-            return read_npz(out_path)
+            # Only the outputs asked for: an extra array is never read (the protocol ignores
+            # it), and each is checked against the machine from its header first.
+            wanted_out = {o.name for o in model.graph.output}
+            try:
+                return read_npz(out_path, wanted_out, what=self.spec.text)
+            except InputError as exc:
+                raise BackendError(str(exc)) from None
 
     def pass_control(self, declared: Sequence[str]) -> PassControl | None:
         """Its passes, when its command takes ``{disable}`` and the user named them."""

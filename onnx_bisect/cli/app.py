@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
@@ -21,7 +22,7 @@ from onnx_bisect.cli.commands import (
     run_command,
     view_command,
 )
-from onnx_bisect.cli.output import EXIT_USAGE, err
+from onnx_bisect.cli.output import EXIT_INTERNAL, EXIT_USAGE, err
 from onnx_bisect.cli.params import VersionOpt
 from onnx_bisect.leftovers import run_temp_dir
 from onnx_bisect.process import return_large_frees
@@ -152,7 +153,12 @@ def _entry(typer_app: typer.Typer, prog: str, args: Sequence[str] | None) -> Non
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
             err.print(f"error: {_usage_error(exc)}", markup=False)
             sys.exit(EXIT_USAGE)
-        raise
+        # A bug outside a command's own handling (cli/output.user_errors): exit 3 still, not
+        # Python's 1 for an uncaught exception, which reads "divergence found".
+        if "--debug" in (sys.argv[1:] if args is None else args):
+            err.print("".join(traceback.format_exception(exc)), markup=False, end="")
+        err.print(f"error: internal error: {type(exc).__name__}: {exc}", markup=False)
+        sys.exit(EXIT_INTERNAL)
     if code == EXIT_INTERRUPTED or _stopped:
         # Typer turns Ctrl-C into this code without a word; no command returns it otherwise.
         _interrupted()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -33,8 +34,9 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 @contextmanager
 def user_errors(debug: bool) -> Iterator[None]:
-    """What the user can fix: one line, exit 2. Anything else is our bug: one line, exit 3
-    (the traceback with --debug)."""
+    """What the user can fix: one line, exit 2. Anything else is our bug: one line, exit 3,
+    the traceback before it with --debug. --debug never changes the code: re-raising would
+    let Python exit 1, which reads "divergence found"."""
     try:
         yield
     except OnnxBisectError as exc:
@@ -45,7 +47,8 @@ def user_errors(debug: bool) -> Iterator[None]:
         raise
     except Exception as exc:
         if debug:
-            raise
+            err.print("".join(traceback.format_exception(exc)), markup=False, end="")
+            fail(f"internal error: {type(exc).__name__}: {exc}", EXIT_INTERNAL)
         fail(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)", EXIT_INTERNAL)
 
 

@@ -18,6 +18,7 @@ from onnx_bisect.errors import OnnxBisectError
 from onnx_bisect.options import DEFAULT_SAMPLE, PASS_MODES, STRATEGIES, BisectOptions
 
 __all__ = [
+    "AllowNonfiniteOpt",
     "AlwaysScanOpt",
     "AtolOpt",
     "BisectPassesOpt",
@@ -83,6 +84,7 @@ FLAGS = {
     "values": "--value",
     "ranges": "--range",
     "seed": "--seed",
+    "allow_nonfinite": "--allow-nonfinite",
     "metric": "--metric",
     "threshold": "--threshold",
     "noise_k": "--noise-k",
@@ -323,6 +325,14 @@ RangeOpt = Annotated[
         metavar="NAME=LOW,HIGH",
         help="Generated input NAME is uniform in [LOW, HIGH) for floats, integers in [LOW, "
         "HIGH] (both included) for integer inputs. Repeat for each input.",
+    ),
+]
+AllowNonfiniteOpt = Annotated[
+    bool,
+    typer.Option(
+        metavar="",
+        help="Use inputs holding NaN or Inf (generated or given), which are refused otherwise: "
+        "they hide divergences.",
     ),
 ]
 SeedOpt = Annotated[

@@ -41,6 +41,7 @@ from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.inputs.feeds import input_specs, validate_feeds
+from onnx_bisect.inputs.limits import nonfinite_notes
 from onnx_bisect.options import BisectOptions, ModelLike
 from onnx_bisect.result import BackendInfo, BisectResult, Outcome, PassBisection, ReproInfo
 from onnx_bisect.transforms.apply import transformed
@@ -97,6 +98,8 @@ def prepare(
             seed=options.seed,
             values=options.values,
             ranges=options.ranges,
+            max_memory=options.max_memory,
+            allow_nonfinite=options.allow_nonfinite,
         )
         other = load_model(options.target_model) if options.target_model is not None else None
         label = str(other.path or IN_MEMORY) if other else ""
@@ -119,7 +122,7 @@ def prepare(
         topk=topk,
         versions=environment(ref_b, tgt_b),
         target_from_spec=isinstance(target, str | BackendSpec),
-        notes=(*loaded.notes, *(r.summary() for r in records)),
+        notes=(*loaded.notes, *nonfinite_notes(feeds), *(r.summary() for r in records)),
         ref_precision=side_precision(ref_b, transforms=[r for r in records if r.role == "ref"]),
         target_precision=side_precision(
             tgt_b,

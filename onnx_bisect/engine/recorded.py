@@ -26,14 +26,20 @@ def run_feeds(
     values: Mapping[str, float] | None = None,
     ranges: Mapping[str, tuple[float, float]] | None = None,
     seed: int = 0,
+    max_memory: int | None = None,
+    allow_nonfinite: bool = False,
 ) -> Feeds:
     """Given ``inputs``; else the first of ``backends`` that recorded its inputs; else
-    generated from ``shapes``, ``values``, ``ranges`` and ``seed``."""
+    generated from ``shapes``, ``values``, ``ranges`` and ``seed`` (checked against
+    ``max_memory`` first; see ``make_feeds`` for ``allow_nonfinite``)."""
+    checks: dict[str, Any] = {"max_memory": max_memory, "allow_nonfinite": allow_nonfinite}
     if inputs is None:
         for backend in backends:
             recorded = backend.recorded_inputs()
             if recorded is not None:
-                return _recorded_feeds(model, backend.spec.text, recorded, shapes, values, ranges)
+                return _recorded_feeds(
+                    model, backend.spec.text, recorded, shapes, values, ranges, checks
+                )
     return make_feeds(
         model,
         inputs=Path(inputs) if isinstance(inputs, str) else inputs,
@@ -41,6 +47,7 @@ def run_feeds(
         seed=seed,
         values=values,
         ranges=ranges,
+        **checks,
     )
 
 
@@ -51,6 +58,7 @@ def _recorded_feeds(
     shapes: Mapping[str, Sequence[int]] | None,
     values: Mapping[str, float] | None,
     ranges: Mapping[str, tuple[float, float]] | None,
+    checks: Mapping[str, Any],
 ) -> Feeds:
     """The recorded inputs, which must fit the model; a ``--shape`` must agree with them (it
     then says nothing new), and a value or range cannot be checked, so it is refused."""
@@ -76,7 +84,7 @@ def _recorded_feeds(
             f"--value/--range (for {named}) apply to generated inputs, and {source} holds the "
             "inputs it was made with: drop them, or dump again with them"
         )
-    return make_feeds(model, inputs=recorded)
+    return make_feeds(model, inputs=recorded, **checks)
 
 
 def _dims(shape: Sequence[int]) -> str:

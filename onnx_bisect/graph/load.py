@@ -10,7 +10,7 @@ import heapq
 import logging
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import onnx
@@ -82,9 +82,29 @@ def _load_path(path: Path, notes: list[str]) -> onnx.ModelProto:
         raise ModelLoadError(f"{path}: not a valid ONNX model ({_first_line(exc)})") from exc
     if not proto.graph.node and not proto.opset_import:
         raise ModelLoadError(f"{path}: not a valid ONNX model (empty or not a ModelProto)")
+    odd = next(_undecodable_names(proto.graph), None)
+    if odd is not None:
+        raise ModelLoadError(f"{path}: not a valid ONNX model (a name is not UTF-8 text: {odd!r})")
     proto = _infer_shapes(proto, path, notes)
     resolve_locations(proto, path.parent, str(path))
     return proto
+
+
+def _undecodable_names(graph: onnx.GraphProto) -> Iterator[bytes]:
+    """Names that protobuf hands over as bytes: a string field of invalid UTF-8 (a corrupted
+    file), which every later join and format would trip over."""
+    values = (*graph.input, *graph.output, *graph.value_info)
+    for name in (
+        *(v.name for v in values),
+        *(t.name for t in graph.initializer),
+        *(x for n in graph.node for x in (n.name, n.op_type, n.domain, *n.input, *n.output)),
+    ):
+        if not isinstance(name, str):
+            yield name
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in (attr.g, *attr.graphs):
+                yield from _undecodable_names(sub)
 
 
 def _clear_unknown_dims(graph: onnx.GraphProto, notes: list[str]) -> None:

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 from onnx_bisect.errors import InputError
 from onnx_bisect.inputs.feeds import Feeds, load_feeds, validate_feeds
+from onnx_bisect.inputs.limits import ByteLimit, check_finite
+from onnx_bisect.inputs.npz import read_npz
 from onnx_bisect.inputs.signature import InputSpec, format_dims
 
 __all__ = ["DatasetItem", "check_dataset", "find_dataset", "load_item"]
@@ -81,25 +82,41 @@ def find_dataset(source: str | os.PathLike[str]) -> tuple[DatasetItem, ...]:
     return tuple(DatasetItem(p) for p in sorted(items, key=_natural))
 
 
-def load_item(item: DatasetItem, specs: Sequence[InputSpec]) -> Feeds:
-    """One input's tensors, checked against the model's signature."""
+def load_item(
+    item: DatasetItem,
+    specs: Sequence[InputSpec],
+    *,
+    max_memory: int | None = None,
+    allow_nonfinite: bool = False,
+) -> Feeds:
+    """One input's tensors, checked against the model's signature, read within
+    ``max_memory`` and, unless ``allow_nonfinite``, finite."""
     try:
         if item.row is None:
-            feeds = load_feeds(item.path, specs)
+            feeds = load_feeds(item.path, specs, limit=ByteLimit.here(max_memory))
         else:
             feeds = _row(_arrays(item.path), item.row, {s.name: s for s in specs})
         validate_feeds(feeds, specs)
+        if not allow_nonfinite:
+            check_finite(feeds, source="the given")
     except InputError as exc:
         message = str(exc).removeprefix(f"inputs {item.path}: ")
         raise _error(f"{item.label}: {message}") from None
     return feeds
 
 
-def check_dataset(items: Sequence[DatasetItem], specs: Sequence[InputSpec]) -> None:
-    """Every input loads, fits the model and has the first input's dtypes and shapes."""
+def check_dataset(
+    items: Sequence[DatasetItem],
+    specs: Sequence[InputSpec],
+    *,
+    max_memory: int | None = None,
+    allow_nonfinite: bool = False,
+) -> None:
+    """Every input loads, fits the model and has the first input's dtypes and shapes (see
+    ``load_item`` for the rest)."""
     first: dict[str, tuple[str, tuple[int, ...]]] = {}
     for item in items:
-        feeds = load_item(item, specs)
+        feeds = load_item(item, specs, max_memory=max_memory, allow_nonfinite=allow_nonfinite)
         got = {name: (str(a.dtype), tuple(a.shape)) for name, a in feeds.items()}
         if not first:
             first = got
@@ -143,10 +160,9 @@ def _rows(path: Path) -> int:
 def _arrays(path: Path) -> Mapping[str, npt.NDArray[Any]]:
     """A split .npz read once per process (its rows are read one by one)."""
     try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except Exception as exc:
-        raise _error(f"{path}: cannot read ({str(exc).splitlines()[0]})") from exc
+        return read_npz(path, what="dataset")
+    except InputError as exc:  # as the dataset option's own error (--dataset on a command line)
+        raise _error(str(exc).removeprefix("dataset ")) from None
 
 
 def _row(arrays: Mapping[str, npt.NDArray[Any]], row: int, specs: Mapping[str, InputSpec]) -> Feeds:

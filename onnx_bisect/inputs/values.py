@@ -162,16 +162,36 @@ def draw(
     rng: np.random.Generator, dtype: np.dtype[np.generic], shape: tuple[int, ...], fill: Fill
 ) -> npt.NDArray[np.generic]:
     """One tensor of ``fill``'s values. The defaults draw exactly what earlier versions drew
-    (``rng.random``, ``rng.integers(lo, hi + 1)``), so a seed still gives the same inputs."""
+    (``rng.random``, ``rng.integers(lo, hi + 1)``), so a seed still gives the same inputs.
+
+    Drawn in blocks into the result: a whole-tensor draw held float64 or int64 values and
+    their temporaries, six times a float32 input's bytes at its peak. The generator's stream
+    is the same whether drawn at once or block by block, and so are the values."""
     if fill.constant or fill.low == fill.high:
         return np.full(shape, fill.low, dtype=dtype)
+    out = np.empty(shape, dtype=dtype)
+    flat = out.reshape(-1)
+    for start in range(0, flat.size, _DRAW_BLOCK):
+        flat[start : start + _DRAW_BLOCK] = _block(
+            rng, dtype, min(_DRAW_BLOCK, flat.size - start), fill
+        )
+    return out
+
+
+# Elements drawn at a time (8 MiB of float64).
+_DRAW_BLOCK = 1 << 20
+
+
+def _block(
+    rng: np.random.Generator, dtype: np.dtype[np.generic], n: int, fill: Fill
+) -> npt.NDArray[np.generic]:
     if dtype == np.bool_:
-        return rng.random(shape) < 0.5  # the only range left is [0, 1]
+        return rng.random(n) < 0.5  # the only range left is [0, 1]
     if np.issubdtype(dtype, np.integer):
         wide = np.uint64 if int(fill.high) > _INT64_MAX else np.int64
-        values = rng.integers(int(fill.low), int(fill.high), shape, dtype=wide, endpoint=True)
+        values = rng.integers(int(fill.low), int(fill.high), n, dtype=wide, endpoint=True)
         return values.astype(dtype)
     low, high = float(fill.low), float(fill.high)
-    drawn = (low + (high - low) * rng.random(shape, dtype=np.float64)).astype(dtype)
+    drawn = (low + (high - low) * rng.random(n, dtype=np.float64)).astype(dtype)
     first, last = _inside(dtype, low, high)
     return np.clip(drawn, first, last)

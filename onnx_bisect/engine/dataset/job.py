@@ -49,7 +49,13 @@ class DatasetJob:
     key: str  # this job's setup in a worker's cache
 
     def feeds(self, index: int) -> Feeds:
-        return load_item(self.items[index], self.specs)
+        opts = self.options
+        return load_item(
+            self.items[index],
+            self.specs,
+            max_memory=opts.max_memory,
+            allow_nonfinite=opts.allow_nonfinite,
+        )
 
     def label(self, index: int) -> str:
         return self.items[index].label
@@ -73,7 +79,9 @@ def dataset_job(
     items = find_dataset(options.dataset)
     proto = model if isinstance(model, onnx.ModelProto) else _signature(Path(model))
     specs = tuple(input_specs(proto))
-    check_dataset(items, specs)
+    check_dataset(
+        items, specs, max_memory=options.max_memory, allow_nonfinite=options.allow_nonfinite
+    )
     per_input = dataclasses.replace(
         options,
         dataset=None,
