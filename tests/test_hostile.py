@@ -932,3 +932,174 @@ def test_a_pickled_split_dataset_is_refused_unread(
     np.savez(rows, x=np.array([{"would": "unpickle"}], dtype=object))
     err = refused_input(capsys, tmp_path, own_tmp, str(model), "-t", "cpu", "--dataset", str(rows))
     assert err.startswith(f"error: --dataset {rows}: x.npy holds Python objects"), err
+
+
+# --- malformed models, paths, runtimes that lie (issue 26 scope 7) --------------------------
+# Inputs the tool must refuse: exit 2, one line, no traceback, and nothing outside --out
+# created or removed (the model's folder and the temp directory included).
+
+
+def _malformed(tmp_path: Path, kind: str) -> Path:
+    """A model path of the given ``kind`` of damage, under tmp_path/models."""
+    folder = tmp_path / "models"
+    folder.mkdir(exist_ok=True)
+    path = folder / "bad.onnx"
+    good = chain(2)
+    if kind == "missing":
+        return folder / "nowhere.onnx"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "text":
+        path.write_text("this is not a model\n")
+    elif kind == "truncated":
+        data = good.SerializeToString()
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "no-weights-file":
+        onnx.save(good, path, save_as_external_data=True, location="w.bin", size_threshold=0)
+        (folder / "w.bin").unlink()
+    elif kind == "escaping-weights":
+        onnx.save(good, path, save_as_external_data=True, location="w.bin", size_threshold=0)
+        for init in good.graph.initializer:
+            init.ClearField("raw_data")
+            init.data_location = TensorProto.EXTERNAL
+            del init.external_data[:]
+            init.external_data.add(key="location", value="../../../etc/passwd")
+        path.write_bytes(good.SerializeToString())
+    elif kind == "cycle":
+        nodes = [
+            helper.make_node("Relu", ["b"], ["a"], name="r1"),
+            helper.make_node("Relu", ["a"], ["b"], name="r2"),
+            helper.make_node("Add", ["x", "b"], ["y"], name="add"),
+        ]
+        f = TensorProto.FLOAT
+        onnx.save(
+            make(
+                nodes,
+                [helper.make_tensor_value_info("x", f, [1, 4])],
+                [helper.make_tensor_value_info("y", f, [1, 4])],
+            ),
+            path,
+        )
+    elif kind == "unknown-op":
+        f = TensorProto.FLOAT
+        node = helper.make_node("Frobnicate", ["x"], ["y"], name="frob", domain="com.nowhere")
+        m = make(
+            [node],
+            [helper.make_tensor_value_info("x", f, [1, 4])],
+            [helper.make_tensor_value_info("y", f, [1, 4])],
+        )
+        m.opset_import.append(helper.make_opsetid("com.nowhere", 1))
+        onnx.save(m, path)
+    else:
+        raise AssertionError(kind)
+    return path
+
+
+MALFORMED = [
+    "missing",
+    "directory",
+    "empty",
+    "text",
+    "truncated",
+    "no-weights-file",
+    "escaping-weights",
+    "cycle",
+    "unknown-op",
+]
+
+
+@pytest.mark.parametrize("kind", MALFORMED)
+def test_a_malformed_model_is_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, own_tmp: Path, kind: str
+) -> None:
+    path = _malformed(tmp_path, kind)
+    before = kept(tree(tmp_path))
+    code, err = cli(capsys, str(path), "-t", "cpu", "--out", str(tmp_path / "out"))
+    bad_input(code, err)
+    assert kept(tree(tmp_path)) == before
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--input", "nowhere.npz"),
+        ("--input", "models"),  # a directory
+        ("--out", "models/tiny.onnx"),  # a file, the model itself
+        ("--dataset", "nowhere"),
+        ("--target-model", "nowhere.onnx"),
+    ],
+)
+def test_a_bad_path_is_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    own_tmp: Path,
+    model: Path,
+    flag: str,
+    value: str,
+) -> None:
+    before = kept(tree(tmp_path))
+    args = [str(model), "-t", "cpu", flag, str(tmp_path / value)]
+    if flag != "--out":
+        args += ["--out", str(tmp_path / "out")]
+    code, err = cli(capsys, *args)
+    bad_input(code, err)
+    assert kept(tree(tmp_path)) == before
+    onnx.load(str(model))
+
+
+# A runtime that runs onnxruntime honestly except where node ``mm1`` is in the model, and
+# there lies in one way (about mm1's output and what follows it, as a broken mm1 would):
+# the finding is exit 1 at mm1, whatever the lie.
+LIAR = """
+import sys, os, signal
+import numpy as np, onnx, onnxruntime as ort
+model, inputs, outputs, how = sys.argv[1:5]
+m = onnx.load(model)
+if any(n.name == "mm1" for n in m.graph.node):
+    if how == "no-outputs":
+        sys.exit(0)
+    if how == "segfault":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if how == "flood":
+        sys.stdout.write("x" * (32 << 20))
+        sys.stdout.flush()
+        sys.exit(7)
+    if how == "garbage":
+        open(outputs, "wb").write(b"PK\\x03\\x04 not a zip")
+        sys.exit(0)
+feeds = dict(np.load(inputs))
+sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+names = [o.name for o in sess.get_outputs()]
+values = sess.run(names, feeds)
+# mm1's output and what follows it (h1, y) are the ones a broken mm1 gets wrong.
+after = {"h1", "y"}
+if how == "wrong-shape":
+    values = [v.reshape(-1)[:1] if n in after else v for n, v in zip(names, values)]
+if how == "missing-output":
+    keep = [i for i, n in enumerate(names) if n not in after]
+    names, values = [names[i] for i in keep], [values[i] for i in keep]
+np.savez(outputs, **dict(zip(names, values)))
+"""
+
+
+@pytest.mark.parametrize(
+    "how", ["no-outputs", "segfault", "flood", "garbage", "wrong-shape", "missing-output"]
+)
+def test_a_runtime_that_lies_is_a_finding_at_its_node(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, own_tmp: Path, model: Path, how: str
+) -> None:
+    liar = tmp_path / "liar.py"
+    liar.write_text(LIAR)
+    target = "exec:" + shlex.join([sys.executable, str(liar)]) + " {model} {inputs} {outputs} "
+    out = tmp_path / "out"
+    before = kept(tree(tmp_path))
+    code, err = cli(capsys, str(model), "-t", target + how, "--out", str(out))
+    assert code == 1, err
+    assert "Traceback" not in err
+    cause = json.loads((out / "report.json").read_text())["root_cause"]
+    assert cause["nodes"] == ["mm1"], cause
+    after = {k: v for k, v in tree(tmp_path).items() if k != "out" and not k.startswith("out/")}
+    assert kept(after) == before
+    onnx.load(str(model))
