@@ -41,6 +41,7 @@ from onnx_bisect.cli.params import (
     NoiseEpsOpt,
     NoiseKOpt,
     PassesOpt,
+    QuantGoalOpt,
     QuietOpt,
     RangeOpt,
     RayOpt,
@@ -117,6 +118,7 @@ def run_command(
     bisect_passes: BisectPassesOpt = DEFAULTS.bisect_passes,
     passes: PassesOpt = "",
     topk: TopKOpt = None,
+    quant_goal: QuantGoalOpt = DEFAULTS.quant_goal,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", metavar="DIR", help="Write reports here.")
     ] = None,
@@ -174,6 +176,7 @@ def run_command(
             ),
             always_scan=always_scan,
             topk=topk or (),
+            quant_goal=quant_goal,
             repro=staged.bundle if repro else None,
             command=command,
             progress=progress,

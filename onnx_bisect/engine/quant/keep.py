@@ -1,0 +1,141 @@
+"""The smallest set of nodes to keep in float: ddmin over the quantized nodes (the pass
+search's machinery, ``engine/passes/search.py``), each subset tried by running the target
+model with that subset's Q/DQ removed (``graph/unquantize.py``), until the outputs meet the
+goal. The set found is run once more to verify it; each node alone gives the sensitivity."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+import numpy.typing as npt
+import onnx
+
+from onnx_bisect.compare.quant import channel_rel_l2
+from onnx_bisect.compare.topk import topk_checks
+from onnx_bisect.engine.measure.runs import timed_run
+from onnx_bisect.engine.passes.search import find_guilty
+from onnx_bisect.engine.session import Session
+from onnx_bisect.errors import BackendError
+from onnx_bisect.graph.unquantize import keep_in_float, quantized_nodes
+from onnx_bisect.graph.view import LoadedModel
+from onnx_bisect.quant_result import KeepInFloat, Sensitivity
+
+__all__ = ["DEFAULT_QUANT_GOAL", "search_keep_in_float"]
+
+log = logging.getLogger(__name__)
+
+# The worst output channel's rel_l2 a quantized model may keep (int8 rounding of a
+# well-scaled network's outputs is ~1e-2).
+DEFAULT_QUANT_GOAL = 0.05
+# Each node of a larger model alone costs a run: the sensitivity table stops here.
+SENSITIVITY_MAX = 256
+
+Tensors = Mapping[str, npt.NDArray[Any]]
+
+
+def search_keep_in_float(
+    session: Session, target: LoadedModel, model_path: str | None
+) -> tuple[KeepInFloat | None, tuple[Sensitivity, ...]]:
+    """The keep-in-float set and the per-node sensitivity, most sensitive first; None when
+    the model has no quantized node (QOperator and dynamic forms: the search needs QDQ)."""
+    candidates = quantized_nodes(target)
+    if not candidates:
+        return None, ()
+    ref_model = session.loaded
+    reference = timed_run(session.ref, ref_model.model, session.feeds, "ref", session.stats)
+    ref_out = {o: reference[o] for o in ref_model.outputs}
+    weights = _float_weights(ref_model, target, candidates)
+    measure, goal_text = _goal(session, ref_out)
+    limit = session.options.quant_goal
+    runs = 0
+
+    def error(keep: Collection[str]) -> float:
+        nonlocal runs
+        runs += 1
+        model = keep_in_float(target, keep, weights)
+        try:
+            out = timed_run(session.target, model, session.feeds, "target", session.stats)
+        except BackendError as exc:
+            log.info("keeping %s in float failed: %s", sorted(keep), exc)
+            return float("inf")
+        return measure(_by_reference_names(ref_model, target, out))
+
+    with session.timer.stage("keep in float"):
+        before = error(())
+        every = error(candidates)
+        keep: tuple[str, ...] = ()
+        note = ""
+        if before <= limit:
+            note = f"the quantized model meets the goal ({goal_text} ≤ {limit:g}) as it is"
+        elif every > limit:
+            note = (
+                f"even with every quantized node in float the goal is missed ({goal_text} "
+                f"{every:.3g} > {limit:g}): the models differ by more than quantization"
+            )
+        else:
+            keep = find_guilty(candidates, lambda s: error(s) <= limit).guilty
+        after = error(keep) if keep else before
+        path = ""
+        if keep and model_path:
+            onnx.save(keep_in_float(target, keep, weights), model_path)
+            path = model_path
+        sensitivity = tuple(
+            sorted(
+                (Sensitivity(n, error({n})) for n in candidates[:SENSITIVITY_MAX]),
+                key=lambda s: s.error,
+            )
+        )
+    found = KeepInFloat(
+        keep, f"{goal_text} ≤ {limit:g}", before, after, after <= limit, runs, path, note
+    )
+    return found, sensitivity
+
+
+def _goal(session: Session, ref_out: Tensors) -> tuple[Callable[[Tensors], float], str]:
+    """The number the goal bounds: 1 − the worst top-1 agreement with ``--topk``, else the
+    worst output channel's rel_l2."""
+    specs = list(session.options.topk_specs())
+    if specs:
+
+        def disagreement(out: Tensors) -> float:
+            checks = topk_checks(specs, ref_out, out)
+            return 1.0 - min((c.top1_agreement for c in checks), default=1.0)
+
+        return disagreement, "top-1 disagreement"
+
+    def worst(out: Tensors) -> float:
+        return max(channel_rel_l2(v, out[k]) if k in out else float("inf")
+                   for k, v in ref_out.items())  # fmt: skip
+
+    return worst, "worst output channel rel_l2"
+
+
+def _by_reference_names(ref: LoadedModel, target: LoadedModel, out: Tensors) -> dict[str, Any]:
+    """The target's outputs under the float model's names (by position where they differ)."""
+    return {r: out[t] for r, t in zip(ref.outputs, target.outputs, strict=False) if t in out}
+
+
+def _float_weights(
+    ref: LoadedModel, target: LoadedModel, candidates: Collection[str]
+) -> dict[tuple[str, int], onnx.TensorProto]:
+    """For each candidate's dequantized weight, the float model's initializer at the same
+    node (same name and op) and input: what keeping the node in float computes with."""
+    by_name = {n.name: n for n in ref.nodes}
+    inits = {t.name: t for t in ref.model.graph.initializer}
+    taken = set(target.initializers) | set(target.probes)
+    out: dict[tuple[str, int], onnx.TensorProto] = {}
+    for t in target.nodes:
+        r = by_name.get(t.name)
+        if t.name not in candidates or r is None or r.op_type != t.op_type:
+            continue
+        for i, name in enumerate(r.inputs):
+            if name not in inits or i >= len(t.inputs):
+                continue
+            w = onnx.TensorProto()
+            w.CopyFrom(inits[name])
+            if name in taken:
+                w.name = f"{name}__float"
+            out[(t.name, i)] = w
+    return out

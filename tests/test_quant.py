@@ -1,0 +1,95 @@
+"""Quantized target models (issue 27): float models built here, quantized by onnxruntime, then
+bisected through the CLI against the float model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from onnx_bisect.cli import bisect_app
+from onnx_bisect.compare.quant import QParams, QuantKind, dequantize, quant_error, quantize
+from tests import quant_models as qm
+
+pytest.importorskip("onnxruntime.quantization")
+
+FORMS = ("qdq", "qdq-per-channel", "qoperator", "dynamic")
+
+
+def _bisect(src: Path, dst: Path, out: Path) -> tuple[int, dict[str, object], str]:
+    result = CliRunner().invoke(
+        bisect_app,
+        [str(src), "--target-model", str(dst), "--target", "cpu", "--out", str(out),
+         "--format", "md,json"],
+    )  # fmt: skip
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    report = json.loads((out / "report.json").read_text())
+    return result.exit_code, report, result.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("build", [qm.detector, qm.block], ids=["detector", "block"])
+def test_every_int8_form_runs_and_pairs_or_explains_every_quantized_tensor(
+    tmp_path: Path, form: str, build: object
+) -> None:
+    src, dst = qm.quantized(build(), tmp_path, form)  # type: ignore[operator]
+    code, report, output = _bisect(src, dst, tmp_path / "out")
+    assert code == 1, output
+    assert "Traceback" not in output
+    quant = report["quantization"]
+    assert isinstance(quant, dict)
+    paired = sum(quant["paired_by_rule"].values())
+    assert paired + len(quant["unpaired"]) > 0
+    assert all(u["reason"] for u in quant["unpaired"])
+    assert report["root_cause"]["kind"] == "quantization"  # type: ignore[index]
+    if form != "dynamic":
+        assert paired > 0 and not quant["unpaired"]
+
+
+def test_a_concat_of_a_unit_and_a_wide_branch_is_kept_in_float(tmp_path: Path) -> None:
+    src, dst = qm.quantized(qm.detector(), tmp_path, "qdq")
+    code, report, output = _bisect(src, dst, tmp_path / "out")
+    assert code == 1
+    quant = report["quantization"]
+    keep = quant["keep_in_float"]  # type: ignore[index]
+    assert keep["nodes"] == ["head_concat"]
+    assert keep["verified"] and keep["after"] <= 0.05 < keep["before"]
+    assert (tmp_path / "out" / "repro" / "keep_in_float.onnx").is_file()
+    rows = {r["tensor"]: r for r in quant["tensors"]}  # type: ignore[index]
+    assert rows["y"]["kind"] == "coarse"  # the scores' channels span < 1 step of y's scale
+    assert rows["y"]["shared_with"] or rows["y"]["levels"] < 1
+    assert "nodes_to_exclude=['head_concat']" in output
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert md.index("## Quantization") < md.index("**Diverged.**")
+    assert "`qdq.onnx` vs `float.onnx`" in md.splitlines()[0]
+    assert "Report it" not in md
+
+
+def test_rounding_alone_is_within_quantization_error(tmp_path: Path) -> None:
+    src, dst = qm.quantized(qm.convnet(), tmp_path, "qdq")
+    code, report, _ = _bisect(src, dst, tmp_path / "out")
+    assert code == 1
+    assert not [n for n in report["nodes"] if n["verdict"] == "culprit"]  # type: ignore[union-attr]
+    cause = report["root_cause"]
+    assert cause["kind"] == "quantization" and not cause["nodes"]  # type: ignore[index]
+    assert "within its quantization error" in cause["reason"]  # type: ignore[index]
+
+
+def test_quantize_round_trip_and_floor() -> None:
+    p = QParams(np.array([0.1]), np.array([128.0]), "uint8")
+    x = np.random.default_rng(0).uniform(-10, 10, 10_000)
+    q = quantize(x, p)
+    assert q.dtype == np.uint8
+    back = dequantize(q, p)
+    assert np.max(np.abs(back - x)) <= 0.05 + 1e-12
+    e = quant_error(x, p)
+    assert e.kind is QuantKind.ROUNDING and e.clipped == 0.0
+    assert e.floor == pytest.approx(e.rel_l2, rel=0.05)  # uniform rounding, as predicted
+    clipped = quant_error(x * 3, p)
+    assert clipped.kind is QuantKind.CLIPPED and clipped.clipped > 0.5
+    coarse = quant_error(x / 200, p)  # values within one step
+    assert coarse.kind is QuantKind.COARSE
