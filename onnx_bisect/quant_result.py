@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from onnx_bisect.compare.quant import QuantError
+from onnx_bisect.compare.quant import COARSE_LEVELS, QuantError, QuantKind
 from onnx_bisect.text import fmt
 
 __all__ = ["KeepInFloat", "QuantReport", "QuantRow", "Sensitivity"]
@@ -24,6 +24,16 @@ class QuantRow:
     error: QuantError
     shared_with: tuple[str, ...] = ()
     shared_at: str = ""
+    # Inputs of the merging node that span fewer than COARSE_LEVELS steps of this scale.
+    lost: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> QuantKind:
+        return QuantKind.SHARED if self.lost else self.error.kind
+
+    @property
+    def as_designed(self) -> bool:
+        return self.kind is QuantKind.ROUNDING
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -31,8 +41,10 @@ class QuantRow:
             "node": self.node,
             "scale": self.scale,
             **self.error.to_dict(),
+            "kind": self.kind.value,
             "shared_with": list(self.shared_with),
             "shared_at": self.shared_at or None,
+            "range_lost": list(self.lost),
         }
 
 
@@ -89,7 +101,7 @@ class QuantReport:
 
     @property
     def flagged(self) -> tuple[QuantRow, ...]:
-        return tuple(r for r in self.rows if not r.error.as_designed or r.shared_with)
+        return tuple(r for r in self.rows if not r.as_designed)
 
     def pairing_summary(self) -> str:
         rules = ", ".join(f"{n} by {rule}" for rule, n in sorted(self.rules.items()))
@@ -112,7 +124,7 @@ class QuantReport:
                 )
             if k.note:
                 out.append(k.note)
-        kinds = Counter(r.error.kind.value for r in self.rows)
+        kinds = Counter(r.kind.value for r in self.rows)
         if self.rows:
             out.append(
                 "quantized tensors: "
@@ -124,8 +136,10 @@ class QuantReport:
                 if r.shared_with
                 else ""
             )
+            if r.lost:
+                shared += f"; {', '.join(r.lost)} span < {COARSE_LEVELS:g} steps of it"
             out.append(
-                f"  {r.tensor}: {r.error.kind.value} ({r.scale}, {r.error.levels:.1f} steps, "
+                f"  {r.tensor}: {r.kind.value} ({r.scale}, {r.error.levels:.1f} steps, "
                 f"clipped {r.error.clipped:.1%}, SQNR {r.error.sqnr_db:.1f} dB{shared})"
             )
         return out

@@ -60,8 +60,13 @@ def test_a_concat_of_a_unit_and_a_wide_branch_is_kept_in_float(tmp_path: Path) -
     assert keep["verified"] and keep["after"] <= 0.05 < keep["before"]
     assert (tmp_path / "out" / "repro" / "keep_in_float.onnx").is_file()
     rows = {r["tensor"]: r for r in quant["tensors"]}  # type: ignore[index]
-    assert rows["y"]["kind"] == "coarse"  # the scores' channels span < 1 step of y's scale
-    assert rows["y"]["shared_with"] or rows["y"]["levels"] < 1
+    # One scale over the Concat's boxes and scores: the scores span < 16 steps of it.
+    assert rows["y"]["kind"] == "shared scale"
+    assert rows["y"]["range_lost"] == ["scores"] and rows["y"]["shared_at"] == "head_concat"
+    assert rows["scores"]["kind"] == "rounding"  # its own scale is fine
+    assert report["root_cause"]["nodes"] == ["y_QuantizeLinear", "y_DequantizeLinear"]  # type: ignore[index]
+    sensitivity = quant["sensitivity"]  # type: ignore[index]
+    assert sensitivity[0]["node"] == "head_concat"
     assert "nodes_to_exclude=['head_concat']" in output
     md = (tmp_path / "out" / "report.md").read_text()
     assert md.index("## Quantization") < md.index("**Diverged.**")

@@ -86,11 +86,14 @@ def quantize(x: npt.NDArray[Any], p: QParams) -> npt.NDArray[Any]:
 class QuantKind(StrEnum):
     """``rounding``: within the uniform rounding of its scale, as designed; ``clipped``:
     values beyond the range the scale can hold; ``coarse``: the values span too few steps of
-    the scale (it was set for a wider tensor); ``excess``: more error than rounding explains."""
+    the scale (it was set for a wider tensor); ``shared``: one scale over inputs of a Concat
+    or Add of which some span a few steps of it (a detector's scores beside its boxes);
+    ``excess``: more error than rounding explains."""
 
     ROUNDING = "rounding"
     CLIPPED = "clipped"
     COARSE = "coarse"
+    SHARED = "shared scale"
     EXCESS = "excess"
 
 
@@ -148,15 +151,6 @@ def quant_error(x: npt.NDArray[Any], p: QParams) -> QuantError:
     floor_abs = math.sqrt(float(np.sum(inside**2)) / 12.0)
     spread = float(v.max() - v.min()) if v.size else 0.0
     levels = spread / float(np.mean(scale)) if v.size else 0.0
-    if v.ndim >= 2 and v.size:
-        # A Concat's one scale over a narrow and a wide input: the narrow one's channels
-        # span a few steps though the tensor spans them all. Constant channels say nothing.
-        per = np.moveaxis(v, 1, 0).reshape(v.shape[1], -1)
-        steps = np.moveaxis(scale, 1, 0).reshape(v.shape[1], -1).mean(axis=1)
-        ptp = per.max(axis=1) - per.min(axis=1)
-        live = ptp > 0
-        if live.any():
-            levels = min(levels, float(np.min(ptp[live] / steps[live])))
     tiny = np.finfo(np.float64).tiny
     return QuantError(
         rel_l2=err / max(norm, tiny),
@@ -171,8 +165,8 @@ def quant_error(x: npt.NDArray[Any], p: QParams) -> QuantError:
 def channel_rel_l2(ref: npt.NDArray[Any], target: npt.NDArray[Any]) -> float:
     """The worst rel_l2 over an output's channels (axis 1): a detector's class scores lost
     under its boxes' scale leave the whole output's rel_l2 small (YOLOv8n: 0.015 with every
-    score zeroed), not their channels'. A channel of near-zero values is measured against
-    the output's typical channel norm, so that its rounding does not read as a loss."""
+    score zeroed), not their channels'. A channel of zeros is measured against a millionth of
+    the output's typical channel norm."""
     r = np.asarray(ref, dtype=np.float64)
     t = np.asarray(target, dtype=np.float64)
     if r.shape != t.shape:
@@ -184,5 +178,5 @@ def channel_rel_l2(ref: npt.NDArray[Any], target: npt.NDArray[Any]) -> float:
     err = np.linalg.norm(r2 - t2, axis=1)
     norm = np.linalg.norm(r2, axis=1)
     typical = float(np.linalg.norm(r2)) / math.sqrt(r2.shape[0])
-    denom = np.maximum(norm, max(1e-3 * typical, np.finfo(np.float64).tiny))
+    denom = np.maximum(norm, max(1e-6 * typical, np.finfo(np.float64).tiny))
     return float(np.max(err / denom)) if err.size else 0.0

@@ -1,29 +1,39 @@
 """The per-tensor quantization table: each quantized tensor's round trip on the float model's
-values, and which tensors share one scale at a Concat or an Add."""
+values, which tensors share one scale at a Concat or an Add, and which of a merging node's
+inputs lose their range under the scale its output gets."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from onnx_bisect.compare.quant import QParams, QuantKind, quant_error
+import numpy as np
+
+from onnx_bisect.compare.quant import COARSE_LEVELS, QParams, QuantKind, quant_error
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.quant.pairing import QuantPairing
-from onnx_bisect.graph.view import LoadedModel
+from onnx_bisect.graph.view import LoadedModel, NodeInfo
 from onnx_bisect.quant_result import QuantRow
 
 __all__ = ["quant_rows"]
 
 # Where inputs are forced to one scale (onnxruntime gives a Concat's inputs its output's).
 _MERGING = frozenset({"Concat", "Add", "Sum", "QLinearConcat", "QLinearAdd"})
-_ORDER = {QuantKind.CLIPPED: 0, QuantKind.COARSE: 1, QuantKind.EXCESS: 2, QuantKind.ROUNDING: 3}
+_ORDER = {
+    QuantKind.SHARED: 0,
+    QuantKind.CLIPPED: 1,
+    QuantKind.COARSE: 2,
+    QuantKind.EXCESS: 3,
+    QuantKind.ROUNDING: 4,
+}
 
 
 def quant_rows(
-    target: LoadedModel, pairing: QuantPairing, view: TensorStore
+    target: LoadedModel, pairing: QuantPairing, pairs: Mapping[str, str], view: TensorStore
 ) -> tuple[QuantRow, ...]:
     """One row per float tensor the model quantizes (its first quantizing node), worst
-    first: clipped, coarse, excess, then rounding by error."""
+    first: a shared scale that loses an input, clipped, coarse, excess, then rounding."""
     shared = _shared_scales(target, pairing)
+    lost = _lost_inputs(target, pairing, pairs, view)
     rows: dict[str, QuantRow] = {}
     for name, p in pairing.params.items():
         ref = pairing.pairs[name]
@@ -31,9 +41,10 @@ def quant_rows(
         if ref in rows or producer is None or name not in view:
             continue
         with_, at = shared.get(name, ((), ""))
+        gone, where = lost.get(name, ((), ""))
         error = quant_error(view.get(name), p)
-        rows[ref] = QuantRow(ref, producer.name, p.describe(), error, with_, at)
-    return tuple(sorted(rows.values(), key=lambda r: (_ORDER[r.error.kind], -r.error.rel_l2)))
+        rows[ref] = QuantRow(ref, producer.name, p.describe(), error, with_, at or where, gone)
+    return tuple(sorted(rows.values(), key=lambda r: (_ORDER[r.kind], -r.error.rel_l2)))
 
 
 def _shared_scales(
@@ -58,6 +69,50 @@ def _shared_scales(
     return out
 
 
+def _lost_inputs(
+    target: LoadedModel, pairing: QuantPairing, pairs: Mapping[str, str], view: TensorStore
+) -> dict[str, tuple[tuple[str, ...], str]]:
+    """Quantized output of a merging node -> its inputs that span fewer than COARSE_LEVELS
+    steps of the output's scale while another spans COARSE_LEVELS times more, and the node."""
+    out: dict[str, tuple[tuple[str, ...], str]] = {}
+    for n in target.nodes:
+        if n.op_type not in _MERGING or not n.outputs:
+            continue
+        q = _quantized_output(target, pairing, n)
+        if q is None:
+            continue
+        step = float(np.mean(pairing.params[q].scale))
+        steps = {}
+        for i in n.inputs:
+            if i in view and np.issubdtype(view.meta(i).dtype, np.floating):
+                v = np.asarray(view.get(i), dtype=np.float64)
+                steps[pairs.get(i, i)] = float(v.max() - v.min()) / step if v.size else 0.0
+        if not steps:
+            continue
+        widest = max(steps.values())
+        gone = tuple(
+            r
+            for r, s in steps.items()
+            if s < COARSE_LEVELS and widest >= COARSE_LEVELS * max(s, 1e-12)
+        )
+        if gone:
+            out[q] = (gone, n.name)
+    return out
+
+
+def _quantized_output(target: LoadedModel, pairing: QuantPairing, n: NodeInfo) -> str | None:
+    """The integer tensor holding a merging node's output: itself (QOperator) or what the
+    QuantizeLinear reading it writes (QDQ)."""
+    o = n.outputs[0]
+    if o in pairing.params:
+        return o
+    for reader in target.nodes:
+        if reader.op_type == "QuantizeLinear" and reader.inputs[0] == o:
+            q = reader.outputs[0]
+            return q if q in pairing.params else None
+    return None
+
+
 def _quantized_input(target: LoadedModel, pairing: QuantPairing, tensor: str) -> str | None:
     """The integer tensor behind an input: itself (QOperator), or what a DequantizeLinear
     reads (QDQ)."""
@@ -72,7 +127,3 @@ def _quantized_input(target: LoadedModel, pairing: QuantPairing, tensor: str) ->
 
 def _key(p: QParams) -> bytes:
     return p.scale.tobytes() + p.zero_point.tobytes() + p.dtype.encode()
-
-
-def rows_by_node(rows: tuple[QuantRow, ...]) -> Mapping[str, QuantRow]:
-    return {r.node: r for r in rows}

@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from onnx_bisect.compare.quant import ROUNDING_SLACK, QuantKind
+from onnx_bisect.compare.quant import COARSE_LEVELS, ROUNDING_SLACK, QuantKind
 from onnx_bisect.quant_result import QuantRow
 from onnx_bisect.result import CauseKind, NodeResult, RootCause, Verdict
 
@@ -45,7 +45,7 @@ def requalify(
         # Fed quantized operands, a node's error holds their rounding too.
         inputs = [by_tensor[r] for r in (pairs.get(i) for i in n.inputs) if r in by_tensor]
         budget = math.hypot(max(e.rel_l2, e.floor), *(r.error.rel_l2 for r in inputs))
-        if e.kind is QuantKind.ROUNDING and iso <= ROUNDING_SLACK * budget:
+        if row.kind is QuantKind.ROUNDING and iso <= ROUNDING_SLACK * budget:
             note = (
                 f"within the rounding of {row.scale} (round trip {e.rel_l2:.3g}, "
                 f"uniform rounding predicts {e.floor:.3g})"
@@ -63,7 +63,13 @@ def _problem(row: QuantRow) -> str:
         if row.shared_with
         else ""
     )
+    if row.lost:
+        return (
+            f"quantization ({row.scale}): {', '.join(row.lost)} span fewer than "
+            f"{COARSE_LEVELS:g} steps of the one scale {row.shared_at} gives its inputs"
+        )
     what = {
+        QuantKind.SHARED: "",
         QuantKind.CLIPPED: f"{e.clipped:.1%} of {row.tensor}'s values lie outside its range",
         QuantKind.COARSE: f"{row.tensor}'s values span {e.levels:.1f} steps of its scale",
         QuantKind.EXCESS: f"{row.tensor}'s round trip loses {e.rel_l2:.3g}",
@@ -88,12 +94,12 @@ def quant_cause(
             tuple(n.name for n in quantized),
             "; ".join(dict.fromkeys(n.note for n in quantized[:3])),
         )
-    flagged = [r for r in rows if not r.error.as_designed]
+    flagged = [r for r in rows if not r.as_designed]
     reason = (
         "within its quantization error: every node's isolated error is the rounding its "
         "scale predicts"
         if not flagged
         else f"no node is wrong alone; {len(flagged)} quantized tensors lose more than rounding "
-        f"(worst: {flagged[0].tensor}, {flagged[0].error.kind.value})"
+        f"(worst: {flagged[0].tensor}, {flagged[0].kind.value})"
     )
     return RootCause(CauseKind.QUANTIZATION, (), reason)
