@@ -21,6 +21,7 @@ from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.unquantize import keep_in_float, quantized_nodes
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.quant_result import KeepInFloat, Sensitivity
+from onnx_bisect.text import plural
 
 __all__ = ["DEFAULT_QUANT_GOAL", "search_keep_in_float"]
 
@@ -29,11 +30,41 @@ log = logging.getLogger(__name__)
 # The worst output channel's rel_l2 a quantized model may keep (int8 rounding of a
 # well-scaled network's outputs is ~1e-2).
 DEFAULT_QUANT_GOAL = 0.05
+# Runs the ddmin may spend (each builds a session of the whole model) before the smallest set
+# seen to meet the goal is taken.
+SEARCH_RUNS = 64
 # Each node alone costs a run: the sensitivity table covers the kept set, the nodes the
 # per-tensor table flags, then the rest in graph order, up to this many.
 SENSITIVITY_MAX = 32
 
 Tensors = Mapping[str, npt.NDArray[Any]]
+
+
+class _OutOfRuns(Exception):
+    """The search's run budget is spent."""
+
+
+class _Trials:
+    """Runs the target model with a set of nodes in float and measures the goal's number;
+    remembers the smallest set that met the goal, and stops the search at ``budget`` runs."""
+
+    def __init__(self, run: Callable[[Collection[str]], float], limit: float) -> None:
+        self.run, self.limit = run, limit
+        self.runs = 0
+        self.budget: int | None = None
+        self.best: tuple[str, ...] | None = None
+
+    def error(self, keep: Collection[str]) -> float:
+        if self.budget is not None and self.runs >= self.budget:
+            raise _OutOfRuns
+        self.runs += 1
+        value = self.run(keep)
+        if value <= self.limit and (self.best is None or len(keep) < len(self.best)):
+            self.best = tuple(keep)
+        return value
+
+    def meets(self, keep: Collection[str]) -> bool:
+        return self.error(keep) <= self.limit
 
 
 def search_keep_in_float(
@@ -51,22 +82,21 @@ def search_keep_in_float(
     weights = _float_weights(ref_model, target, candidates)
     measure, goal_text = _goal(session, ref_out)
     limit = session.options.quant_goal
-    runs = 0
 
-    def error(keep: Collection[str]) -> float:
-        nonlocal runs
-        runs += 1
+    def run(keep: Collection[str]) -> float:
         model = keep_in_float(target, keep, weights)
         try:
             out = timed_run(session.target, model, session.feeds, "target", session.stats)
         except BackendError as exc:
             log.info("keeping %s in float failed: %s", sorted(keep), exc)
             return float("inf")
-        return measure(_by_reference_names(ref_model, target, out))
+        value = measure(_by_reference_names(ref_model, target, out))
+        log.info("%d node(s) in float: %s %.4g", len(keep), goal_text, value)
+        return value
 
+    trials = _Trials(run, limit)
     with session.timer.stage("keep in float"):
-        before = error(())
-        every = error(candidates)
+        before, every = trials.error(()), trials.error(candidates)
         keep: tuple[str, ...] = ()
         note = ""
         if before <= limit:
@@ -77,31 +107,40 @@ def search_keep_in_float(
                 f"{every:.3g} > {limit:g}): the models differ by more than quantization"
             )
         else:
-            keep = _search(candidates, [n for n in suspects if n in candidates], error, limit)
-        after = error(keep) if keep else before
+            keep, note = _search(candidates, [n for n in suspects if n in candidates], trials)
+        trials.budget = None
+        after = trials.error(keep) if keep else before
         path = ""
         if keep and model_path:
             onnx.save(keep_in_float(target, keep, weights), model_path)
             path = model_path
         order = [n for n in dict.fromkeys([*keep, *suspects, *candidates]) if n in candidates]
-        measured = (Sensitivity(n, error({n})) for n in order[:SENSITIVITY_MAX])
+        measured = (Sensitivity(n, trials.error({n})) for n in order[:SENSITIVITY_MAX])
         sensitivity = tuple(sorted(measured, key=lambda s: s.error))
     found = KeepInFloat(
-        keep, f"{goal_text} ≤ {limit:g}", before, after, after <= limit, runs, path, note
+        keep, f"{goal_text} ≤ {limit:g}", before, after, after <= limit, trials.runs, path, note
     )
     return found, sensitivity
 
 
 def _search(
-    candidates: Sequence[str],
-    suspects: Sequence[str],
-    error: Callable[[Collection[str]], float],
-    limit: float,
-) -> tuple[str, ...]:
+    candidates: Sequence[str], suspects: Sequence[str], trials: _Trials
+) -> tuple[tuple[str, ...], str]:
     """ddmin over the nodes the per-tensor table points at when keeping them all meets the
-    goal (a few runs on a model of hundreds of quantized nodes), else over every node."""
-    within = list(suspects) if suspects and error(suspects) <= limit else list(candidates)
-    return find_guilty(within, lambda s: error(s) <= limit).guilty
+    goal (a few runs on a model of hundreds of quantized nodes), else over every node; at
+    most SEARCH_RUNS runs, after which the smallest set seen to meet the goal is the answer,
+    said to be not minimal."""
+    trials.budget = trials.runs + SEARCH_RUNS
+    try:
+        within = list(suspects) if suspects and trials.meets(suspects) else list(candidates)
+        return find_guilty(within, trials.meets).guilty, ""
+    except _OutOfRuns:
+        best = trials.best or tuple(candidates)
+        return best, (
+            f"the search stopped after {SEARCH_RUNS} runs: {plural(len(best), 'node')} meet the "
+            "goal, perhaps not the fewest (raise --quant-goal, or give --topk for a task "
+            "check, to make it easier)"
+        )
 
 
 def _goal(session: Session, ref_out: Tensors) -> tuple[Callable[[Tensors], float], str]:
