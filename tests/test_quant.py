@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from onnx_bisect.cli import bisect_app
 from onnx_bisect.compare.quant import QParams, QuantKind, dequantize, quant_error, quantize
+from onnx_bisect.engine.quant import keep
 from tests import quant_models as qm
 
 pytest.importorskip("onnxruntime.quantization")
@@ -98,3 +99,19 @@ def test_quantize_round_trip_and_floor() -> None:
     assert clipped.kind is QuantKind.CLIPPED and clipped.clipped > 0.5
     coarse = quant_error(x / 200, p)  # values within one step
     assert coarse.kind is QuantKind.COARSE
+
+
+def test_the_search_stops_at_its_budget_with_the_smallest_set_seen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two nodes of 200 needed together: ddmin needs more runs than the budget, so the answer
+    is the smallest set that met the goal, said to be perhaps not the fewest."""
+    monkeypatch.setattr(keep, "SEARCH_RUNS", 30)
+    nodes = [f"n{i}" for i in range(200)]
+    trials = keep._Trials(lambda s: 0.0 if {"n3", "n150"} <= set(s) else 1.0, 0.5)
+    found, note = keep._search(nodes, [], trials)
+    assert {"n3", "n150"} <= set(found) and len(found) < 200
+    assert trials.runs == 30 and "perhaps not the fewest" in note
+    monkeypatch.setattr(keep, "SEARCH_RUNS", 10_000)
+    exact = keep._Trials(lambda s: 0.0 if {"n3", "n150"} <= set(s) else 1.0, 0.5)
+    assert keep._search(nodes, [], exact) == (("n3", "n150"), "")
