@@ -95,6 +95,13 @@ def quant_cause(
             "; ".join(dict.fromkeys(n.note for n in quantized[:3])),
         )
     flagged = [r for r in rows if not r.as_designed]
+    if not rows:
+        return RootCause(
+            CauseKind.QUANTIZATION,
+            (),
+            "no node is wrong alone; the model's scales are computed at run time (dynamic "
+            "quantization), so their rounding is not measured tensor by tensor",
+        )
     reason = (
         "within its quantization error: every node's isolated error is the rounding its "
         "scale predicts"
