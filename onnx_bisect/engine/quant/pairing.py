@@ -102,7 +102,39 @@ def pair_quantized(ref: LoadedModel, target: LoadedModel, matching: Matching) ->
             params[name] = p
         pairs[name] = counterpart
         rules[name] = matching_rule(name, counterpart, matching) or q.rule
+    for name in matching.excluded:
+        if name not in pairs and _same_on_dequantized(ref, target, name, matching.pairs):
+            pairs[name], rules[name] = name, "same name, dequantized operands"
     return QuantPairing(pairs, params, rules, unpaired, graph.tensors)
+
+
+def _same_on_dequantized(
+    ref: LoadedModel, target: LoadedModel, name: str, known: dict[str, str]
+) -> bool:
+    """Whether the target's ``name`` is made by the same op from what the float model's
+    ``name`` is made from, read through DequantizeLinear (a QDQ model's Conv reads
+    ``W_DequantizeLinear_Output`` of ``W_quantized`` where the float model's reads ``W``):
+    the name matching excludes it for its changed inputs, yet it holds the same tensor."""
+    t, r = target.producer.get(name), ref.producer.get(name)
+    if t is None or r is None or t.op_type != r.op_type or len(t.inputs) != len(r.inputs):
+        return False
+    return all(
+        _dequantized_name(target, i, known) == j for i, j in zip(t.inputs, r.inputs, strict=True)
+    )
+
+
+def _dequantized_name(target: LoadedModel, tensor: str, known: dict[str, str]) -> str:
+    producer = target.producer.get(tensor)
+    if producer is None or producer.op_type != "DequantizeLinear":
+        return known.get(tensor, tensor)
+    src = producer.inputs[0]
+    q = target.producer.get(src)
+    if q is not None and q.op_type == "QuantizeLinear":
+        return known.get(q.inputs[0], q.inputs[0])
+    for suffix in ("_quantized",):
+        if src.endswith(suffix):
+            return src[: -len(suffix)]
+    return known.get(tensor, tensor)
 
 
 # Activations onnxruntime fuses into the op before them (QLinearConv writes Relu(Conv)).
