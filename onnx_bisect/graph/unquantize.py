@@ -3,21 +3,31 @@
 Keeping node N in float is what ``quantize_static(nodes_to_exclude=[N])`` aims at: N reads
 its activations before their QuantizeLinear, its weights as the float model has them, and its
 outputs are not quantized for anyone (every DequantizeLinear of a QuantizeLinear of N's output
-becomes an Identity of that output). Q/DQ nodes nobody reads any more are dropped.
+becomes an Identity of that output, or the Relu/Clip the quantizer dropped there, since the
+QuantizeLinear's range was doing its clamping). Q/DQ nodes nobody reads any more are dropped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from onnx_bisect.graph.qdq import QDQ_OPS
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
 
-__all__ = ["keep_in_float", "quantized_nodes"]
+__all__ = ["is_qdq", "keep_in_float", "quantized_nodes"]
+
+
+def is_qdq(model: LoadedModel) -> bool:
+    """Whether every quantized computation is float ops between Q/DQ pairs: no integer kernel
+    (QLinearConv, MatMulInteger, ...) whose float form this module could not restore."""
+    return not any(
+        n.op_type.startswith("QLinear")
+        or n.op_type in ("QGemm", "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear")
+        for n in model.nodes
+    )
 
 
 def quantized_nodes(model: LoadedModel) -> tuple[str, ...]:
@@ -39,11 +49,14 @@ def keep_in_float(
     model: LoadedModel,
     keep: Collection[str],
     float_weights: Mapping[tuple[str, int], onnx.TensorProto] | None = None,
+    dropped: Mapping[str, tuple[onnx.NodeProto, list[onnx.TensorProto]]] | None = None,
 ) -> onnx.ModelProto:
     """``model`` with the nodes ``keep`` names computing in float (see module).
     ``float_weights``: (node, input index) -> the float model's initializer for a weight the
-    model dequantizes."""
+    model dequantizes; ``dropped``: tensor -> the float model's Relu or Clip (and its bounds)
+    that the quantizer removed after it, leaving the QuantizeLinear's range to clamp."""
     weights = float_weights or {}
+    activations = dropped or {}
     out = onnx.ModelProto()
     out.CopyFrom(model.model)
     g = out.graph
@@ -68,32 +81,32 @@ def keep_in_float(
             for q in readers.get(o, ()):
                 if q.op_type != "QuantizeLinear":
                     continue
-                op = "Relu" if _clamps_at_zero(g, q) else "Identity"
                 for dq_info in readers.get(q.outputs[0], ()):
                     if dq_info.op_type == "DequantizeLinear":
-                        _to_float(_proto(g, dq_info.name), o, op)
+                        _to_float(_proto(g, dq_info.name), o, activations.get(o), added)
     known = {t.name for t in g.initializer}
     g.initializer.extend(w for name, w in added.items() if name not in known)
     _drop_unread(g)
     return out
 
 
-def _to_float(node: onnx.NodeProto, source: str, op: str) -> None:
-    out = node.output[0]
-    node.CopyFrom(helper.make_node(op, [source], [out], name=node.name))
-
-
-def _clamps_at_zero(g: onnx.GraphProto, q: NodeInfo) -> bool:
-    """Whether the QuantizeLinear's range starts at 0 (zero point at the type's minimum): the
-    quantizer then drops the Relu before it, which keeping the node in float must restore
-    (a no-op where the values are never negative)."""
-    if len(q.inputs) < 3 or not q.inputs[2]:
-        return True  # no zero point: uint8 at 0
-    zp = next((t for t in g.initializer if t.name == q.inputs[2]), None)
-    if zp is None:
-        return False
-    value = numpy_helper.to_array(zp)
-    return bool(np.all(value == np.iinfo(value.dtype).min))
+def _to_float(
+    node: onnx.NodeProto,
+    source: str,
+    activation: tuple[onnx.NodeProto, list[onnx.TensorProto]] | None,
+    added: dict[str, onnx.TensorProto],
+) -> None:
+    """The DequantizeLinear becomes an Identity of the float value, or the activation the
+    quantizer dropped, applied to it."""
+    out, name = node.output[0], node.name
+    if activation is None:
+        node.CopyFrom(helper.make_node("Identity", [source], [out], name=name))
+        return
+    act, bounds = activation
+    for b in bounds:
+        added.setdefault(b.name, b)
+    node.CopyFrom(act)
+    node.input[0], node.output[0], node.name = source, out, name
 
 
 def _proto(g: onnx.GraphProto, name: str) -> onnx.NodeProto:
@@ -117,7 +130,7 @@ def _drop_unread(g: onnx.GraphProto) -> None:
         dead = [
             n
             for n in g.node
-            if n.op_type in (*QDQ_OPS, "Identity", "Relu") and not any(o in read for o in n.output)
+            if n.op_type in (*QDQ_OPS, "Identity") and not any(o in read for o in n.output)
         ]
         if not dead:
             return

@@ -11,7 +11,7 @@ from pathlib import Path
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.quant.keep import search_keep_in_float
 from onnx_bisect.engine.quant.pairing import QuantPairing
-from onnx_bisect.engine.quant.table import quant_rows
+from onnx_bisect.engine.quant.table import quant_rows, weight_floors
 from onnx_bisect.engine.quant.verdicts import quant_cause, requalify
 from onnx_bisect.engine.session import Session
 from onnx_bisect.graph.view import LoadedModel
@@ -43,7 +43,7 @@ def conclude(
     diverged: bool,
 ) -> QuantConclusion:
     rows = quant_rows(target, pairing, pairs, view)
-    judged = tuple(requalify(nodes, pairs, rows))
+    judged = tuple(requalify(nodes, pairs, rows, weight_floors(target)))
     new_cause = quant_cause(judged, cause, rows) if diverged or cause else cause
     keep: KeepInFloat | None = None
     sensitivity: tuple[Sensitivity, ...] = ()

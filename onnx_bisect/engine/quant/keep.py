@@ -18,8 +18,8 @@ from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.passes.search import find_guilty
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
-from onnx_bisect.graph.unquantize import keep_in_float, quantized_nodes
-from onnx_bisect.graph.view import LoadedModel
+from onnx_bisect.graph.unquantize import is_qdq, keep_in_float, quantized_nodes
+from onnx_bisect.graph.view import LoadedModel, NodeInfo
 from onnx_bisect.quant_result import KeepInFloat, Sensitivity
 from onnx_bisect.text import plural
 
@@ -74,23 +74,25 @@ def search_keep_in_float(
     measured first); None when the model has no quantized node (QOperator and dynamic forms:
     the search needs QDQ)."""
     candidates = quantized_nodes(target)
-    if not candidates:
+    if not candidates or not is_qdq(target):
         return None, ()
     ref_model = session.loaded
     reference = timed_run(session.ref, ref_model.model, session.feeds, "ref", session.stats)
     ref_out = {o: reference[o] for o in ref_model.outputs}
     weights = _float_weights(ref_model, target, candidates)
+    dropped = _dropped_activations(ref_model, target)
     measure, goal_text = _goal(session, ref_out)
     limit = session.options.quant_goal
 
     def run(keep: Collection[str]) -> float:
-        model = keep_in_float(target, keep, weights)
+        model = keep_in_float(target, keep, weights, dropped)
         try:
             out = timed_run(session.target, model, session.feeds, "target", session.stats)
         except BackendError as exc:
             log.info("keeping %s in float failed: %s", sorted(keep), exc)
             return float("inf")
         value = measure(_by_reference_names(ref_model, target, out))
+        value = value if value == value else float("inf")  # NaN: far from the goal
         log.info("%d node(s) in float: %s %.4g", len(keep), goal_text, value)
         return value
 
@@ -112,7 +114,7 @@ def search_keep_in_float(
         after = trials.error(keep) if keep else before
         path = ""
         if keep and model_path:
-            onnx.save(keep_in_float(target, keep, weights), model_path)
+            onnx.save(keep_in_float(target, keep, weights, dropped), model_path)
             path = model_path
         order = [n for n in dict.fromkeys([*keep, *suspects, *candidates]) if n in candidates]
         measured = (Sensitivity(n, trials.error({n})) for n in order[:SENSITIVITY_MAX])
@@ -188,4 +190,35 @@ def _float_weights(
             if name in taken:
                 w.name = f"{name}__float"
             out[(t.name, i)] = w
+    return out
+
+
+_ACTIVATIONS = frozenset({"Relu", "Clip"})
+
+
+def _dropped_activations(
+    ref: LoadedModel, target: LoadedModel
+) -> dict[str, tuple[onnx.NodeProto, list[onnx.TensorProto]]]:
+    """Target tensor -> the float model's Relu/Clip that onnxruntime's quantizer dropped after
+    it (the QuantizeLinear's range clamps instead), with the Clip's bound initializers: a
+    node kept in float must apply it. Two shapes: the tensor took the activation's output
+    name (a QDQ Conv writing ``r1``, the float model's Relu output), or the activation read
+    it and is gone."""
+    names = {n.name for n in target.nodes}
+    inits = {t.name: t for t in ref.model.graph.initializer}
+    readers: dict[str, list[NodeInfo]] = {}
+    for n in ref.nodes:
+        for i in n.inputs:
+            readers.setdefault(i, []).append(n)
+    out: dict[str, tuple[onnx.NodeProto, list[onnx.TensorProto]]] = {}
+    for t in target.nodes:
+        for o in t.outputs:
+            act = ref.producer.get(o)
+            if act is None or act.op_type not in _ACTIVATIONS or act.op_type == t.op_type:
+                lone = readers.get(o, [])
+                act = lone[0] if len(lone) == 1 else None
+                if act is None or act.op_type not in _ACTIVATIONS or act.name in names:
+                    continue
+            bounds = [inits[b] for b in act.inputs[1:] if b in inits]
+            out[o] = (ref.node_protos[act.name], bounds)
     return out

@@ -29,9 +29,13 @@ def _row_of(
 
 
 def requalify(
-    nodes: Sequence[NodeResult], pairs: Mapping[str, str], rows: Sequence[QuantRow]
+    nodes: Sequence[NodeResult],
+    pairs: Mapping[str, str],
+    rows: Sequence[QuantRow],
+    weights: Mapping[str, float],
 ) -> list[NodeResult]:
-    """Culprits whose isolated error the rounding of their output's scale explains become
+    """Culprits whose isolated error the rounding of their output's scale, their quantized
+    inputs' and their integer weights' (``weights``: node -> relative floor) explains become
     ``precision``; the others are told what is wrong with their quantization."""
     by_tensor = {r.tensor: r for r in rows}
     out: list[NodeResult] = []
@@ -44,13 +48,22 @@ def requalify(
         iso = n.isolated.metrics.get("rel_l2", math.inf) if n.isolated is not None else math.inf
         # Fed quantized operands, a node's error holds their rounding too.
         inputs = [by_tensor[r] for r in (pairs.get(i) for i in n.inputs) if r in by_tensor]
-        budget = math.hypot(max(e.rel_l2, e.floor), *(r.error.rel_l2 for r in inputs))
+        budget = math.hypot(
+            max(e.rel_l2, e.floor), weights.get(n.name, 0.0), *(r.error.rel_l2 for r in inputs)
+        )
         if row.kind is QuantKind.ROUNDING and iso <= ROUNDING_SLACK * budget:
             note = (
                 f"within the rounding of {row.scale} (round trip {e.rel_l2:.3g}, "
                 f"uniform rounding predicts {e.floor:.3g})"
             )
             out.append(replace(n, verdict=Verdict.PRECISION, note=note))
+        elif row.kind is QuantKind.ROUNDING:
+            note = (
+                f"quantization ({row.scale}): isolated error {iso:.3g} exceeds the "
+                f"{ROUNDING_SLACK * budget:.3g} that rounding its output, quantized inputs "
+                "and weights predicts"
+            )
+            out.append(replace(n, note=note))
         else:
             out.append(replace(n, note=_problem(row)))
     return out
