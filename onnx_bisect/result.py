@@ -25,6 +25,7 @@ from onnx_bisect.dataset_result import DatasetSummary
 from onnx_bisect.graph.match import Matching
 from onnx_bisect.graph.view import NodeInfo, NotProbed
 from onnx_bisect.pass_result import PassBisection, PassOutcome, PassScope, target_arg
+from onnx_bisect.quant_result import QuantReport
 from onnx_bisect.text import fmt, plural
 from onnx_bisect.transforms.registry import TransformRecord
 
@@ -102,7 +103,9 @@ class CauseKind(StrEnum):
     computes wrongly; ``range``: one node's values are ones its precision could hold but
     came back 0, ±Inf or NaN (a flush or an overflow); ``precision``: every node is within the
     error its lower precision predicts, and the runtime chose that precision unasked;
-    ``pattern``: only a window of connected nodes reproduces it; ``crash``:
+    ``quantization``: a quantized model's scales lose the values (clipped, too coarse, shared
+    with a wider tensor) or it is within its quantization error: a setting of the quantizer,
+    not a runtime's bug; ``pattern``: only a window of connected nodes reproduces it; ``crash``:
     the target dies when the node is present; ``unsupported``: the target cannot run the node
     (a missing kernel or conversion); ``error``: the target reports another error whenever the
     node is present; ``none``: none of these could be shown."""
@@ -110,6 +113,7 @@ class CauseKind(StrEnum):
     CULPRIT = "culprit"
     RANGE = "range"
     PRECISION = "precision"
+    QUANTIZATION = "quantization"
     REFERENCE = "reference"
     PARAMETER = "parameter"
     PATTERN = "pattern"
@@ -246,7 +250,7 @@ class RootCause:
     def is_bug(self) -> bool:
         """Whether a runtime's maintainer has something to fix: a precision the runtime
         chose is a setting to change, not a bug to report or a pass to bisect."""
-        return self.kind is not CauseKind.PRECISION
+        return self.kind not in (CauseKind.PRECISION, CauseKind.QUANTIZATION)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -313,6 +317,7 @@ class BisectResult:
     chain: tuple[ChainLink, ...] = ()  # from the root cause towards the outputs
     repro: ReproInfo | None = None  # when a bundle was asked for
     matching: Matching | None = None  # when the target ran a different model
+    quant: QuantReport | None = None  # a quantized target model: pairing, table, keep-in-float
     target_model: str = ""  # that other model
     transforms: tuple[TransformRecord, ...] = ()  # +NAME suffixes applied to either model
     task_checks: tuple[TopKCheck, ...] = ()  # per output, when asked for
@@ -402,6 +407,8 @@ def _summary_lines(r: BisectResult) -> list[Text]:
         lines += precision + checks
         return lines + _finding_lines(r) if r.nodes else lines
     lines = [Text.assemble(("Diverged", "bold red"), ": ", head), *precision, *dataset]
+    if r.quant is not None:  # the answer first: what to keep in float
+        lines += [Text.assemble(("Quantization", "bold"), f": {q}") for q in r.quant.lines()]
     for c in r.outputs:
         if c.diverged:
             rel, mx = c.shown("rel_l2"), c.shown("max_abs")

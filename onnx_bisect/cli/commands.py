@@ -42,6 +42,7 @@ from onnx_bisect.cli.params import (
     NoiseEpsOpt,
     NoiseKOpt,
     PassesOpt,
+    QuantGoalOpt,
     QuietOpt,
     RangeOpt,
     RayOpt,
@@ -119,6 +120,7 @@ def run_command(
     bisect_passes: BisectPassesOpt = DEFAULTS.bisect_passes,
     passes: PassesOpt = "",
     topk: TopKOpt = None,
+    quant_goal: QuantGoalOpt = DEFAULTS.quant_goal,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", metavar="DIR", help="Write reports here.")
     ] = None,
@@ -177,6 +179,7 @@ def run_command(
             ),
             always_scan=always_scan,
             topk=topk or (),
+            quant_goal=quant_goal,
             repro=staged.bundle if repro else None,
             command=command,
             progress=progress,

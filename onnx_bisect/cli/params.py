@@ -60,6 +60,7 @@ __all__ = [
     "TopOpt",
     "UnrollMaxOpt",
     "TopKOpt",
+    "QuantGoalOpt",
     "ValueOpt",
     "VerboseOpt",
     "VersionOpt",
@@ -99,6 +100,7 @@ FLAGS = {
     "target_model": "--target-model",
     "target_precision": "--target-precision",
     "topk": "--topk",
+    "quant_goal": "--quant-goal",
     "unroll_max": "--unroll-max",
     "bisect_passes": "--bisect-passes",
     "passes": "--passes",
@@ -446,6 +448,15 @@ TopKOpt = Annotated[
         metavar="K[:OUTPUT]",
         help="Task-level check: top-K label agreement, K[:OUTPUT]\\[@AXIS][[START:STOP]] "
         "(e.g. 5:logits, 1:output0@1[4:]). Repeatable; reported, not a verdict.",
+    ),
+]
+QuantGoalOpt = Annotated[
+    float,
+    typer.Option(
+        parser=_real,
+        metavar="X",
+        help="Quantized --target-model: the keep-in-float search's goal, the worst output "
+        "channel's rel_l2 (with --topk: 1 - top-1 agreement) to reach.",
     ),
 ]
 ReproOpt = Annotated[

@@ -316,6 +316,7 @@ def to_result(
         chain=found.chain if found else (),
         repro=repro,
         matching=found.matching if found else None,
+        quant=found.quant if found else None,
         target_model=setup.target_label,
         transforms=setup.transforms,
         task_checks=tuple(checks),

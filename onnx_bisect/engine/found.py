@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.graph.match import Matching
 from onnx_bisect.graph.view import LoadedModel
+from onnx_bisect.quant_result import QuantReport
 from onnx_bisect.result import ChainLink, NodeResult, RootCause, SearchInfo
 
 __all__ = ["Found"]
@@ -29,3 +30,4 @@ class Found:
     matching: Matching | None = None
     store: TensorStore | None = None
     cut_from: LoadedModel | None = None
+    quant: QuantReport | None = None  # a quantized target model's analysis

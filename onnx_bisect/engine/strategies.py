@@ -30,13 +30,16 @@ from onnx_bisect.engine.measure.isolate import IsolationFailure, isolate
 from onnx_bisect.engine.measure.observe import Observed, probe_runs, scan
 from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.measure.store import TensorStore
+from onnx_bisect.engine.quant.conclude import conclude
+from onnx_bisect.engine.quant.pairing import QuantPairing, pair_quantized
 from onnx_bisect.engine.search.cut import CutRefused, CutResult, cut_search, search_info
 from onnx_bisect.engine.search.failure import failure_search
 from onnx_bisect.engine.search.pattern import find_pattern
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.extract import incomplete_outputs, with_outputs
-from onnx_bisect.graph.match import match_tensors
+from onnx_bisect.graph.match import Matching, match_tensors
+from onnx_bisect.graph.qdq import is_quantized
 from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.result import CauseKind, NodeResult, RootCause, SearchInfo, Verdict
@@ -130,7 +133,10 @@ def two_model_strategy(session: Session, screened: Observed) -> Found:
     with s.timer.stage("scan"):
         scan(s, store, observe_target=False)
         matching = match_tensors(s.loaded, other)
-        pairs = matching.pairs
+        quant = quantized_pairing(s, other, matching, store)
+        pairs = {**matching.pairs, **quant.pairs} if quant else matching.pairs
+        if quant is not None:
+            other = replace(other, units=quant)  # integers compared and fed in real units
         s.crit = s.crit.renamed(pairs)  # noise floors belong to the reference's tensors
         shapes = {k: v.shape for k, v in s.feeds.items()}
         other_sizes = tensor_nbytes(fix_input_shapes(other.model, shapes))
@@ -146,7 +152,8 @@ def two_model_strategy(session: Session, screened: Observed) -> Found:
             out = timed_run(s.target, marked, s.feeds, "target", s.stats)
             for name in chunk:
                 ref_value = store.get(pairs[name])
-                comparisons[name] = compare_tensors(name, ref_value, out.get(name), s.crit)
+                value = other.as_real(name, out.get(name), ref_value.dtype)
+                comparisons[name] = compare_tensors(name, ref_value, value, s.crit)
 
         probe_runs(other.model, list(pairs), other_sizes, s.memory.chunk(), use)
     view = store.view(pairs)
@@ -163,13 +170,33 @@ def two_model_strategy(session: Session, screened: Observed) -> Found:
     nodes = judge(other, comparisons, isolated, s.crit)
     first = first_divergence(nodes)
     cause = root_cause(nodes, first, own_constants=other.constants)
+    report = None
+    if quant is not None:
+        q = conclude(s, other, quant, pairs, view, nodes, cause, diverged=screened.diverged)
+        nodes, cause, report = list(q.nodes), q.cause, q.report
+        first = first_divergence(nodes)
+        s.notes.append(report.pairing_summary())
     s.notes.append(matching.summary())
     s.notes.extend(f"excluded {t}: {why}" for t, why in list(matching.excluded.items())[:5])
     chain = chain_from(other, nodes, cause, first)
     return Found(
         "scan", tuple(nodes), first, cause, chain=chain, matching=matching, store=view,
-        cut_from=other,
+        cut_from=other, quant=report,
     )  # fmt: skip
+
+
+def quantized_pairing(
+    session: Session, other: LoadedModel, matching: Matching, store: TensorStore
+) -> QuantPairing | None:
+    """A quantized target model of a float one: its integers paired in real units. The
+    float model's inputs they stand for go to the store (a scan keeps node outputs only)."""
+    if not is_quantized(other) or is_quantized(session.loaded):
+        return None
+    quant = pair_quantized(session.loaded, other, matching)
+    for name in set(quant.pairs.values()) & set(session.loaded.inputs):
+        if name not in store:
+            store.put(name, session.feeds[name])
+    return quant
 
 
 STRATEGIES: Mapping[str, Strategy] = {

@@ -111,6 +111,7 @@ def _aliases(ref: LoadedModel, target: LoadedModel) -> tuple[dict[str, str], set
     ambiguous: set[str] = set()
     # Parameters are not evidence: a fused node reads rewritten weights by design.
     ref_const = ref.initializers | set(ref.constants)
+    ref_tensors = set(ref.probes)
     tgt_const = target.initializers | set(target.constants)
 
     def note(mine: str, theirs: str) -> None:
@@ -133,7 +134,9 @@ def _aliases(ref: LoadedModel, target: LoadedModel) -> tuple[dict[str, str], set
             # A kept node whose output was renamed still computes the same tensor. Not for
             # Constants: exporters number their outputs globally, so a name there says nothing.
             for mine, theirs in zip(t.outputs, r.outputs, strict=True):
-                if mine != theirs:
+                # A name the reference model gives another tensor is that tensor: a fused
+                # Conv+Relu writes the Relu's output (a quantizer's pre-processing fuses so).
+                if mine != theirs and mine not in ref_tensors:
                     note(mine, theirs)
     # Readers that disagree about what a name holds leave it unexplained.
     ambiguous |= confirmed & set(alias)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -23,10 +23,24 @@ __all__ = [
     "NodeInfo",
     "NotProbed",
     "TensorMeta",
+    "Units",
     "complete_type",
     "declared_types",
     "has_type",
 ]
+
+
+class Units(Protocol):
+    """How a model's tensors read in real units: a quantized model's integers stand for
+    ``(q - zero_point) * scale`` (``engine/quant/pairing.py``)."""
+
+    def real(
+        self, tensor: str, value: npt.NDArray[Any] | None, like: np.dtype[Any]
+    ) -> npt.NDArray[Any] | None: ...
+
+    def fed(self, tensor: str, value: npt.NDArray[Any]) -> npt.NDArray[Any]: ...
+
+    def dtype(self, tensor: str) -> np.dtype[Any] | None: ...
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,8 @@ class LoadedModel:
     initializers: frozenset[str]
     not_probed: tuple[NotProbed, ...]
     notes: tuple[str, ...]
+    # Where the model's integers stand for real values (a quantized target model).
+    units: Units | None = None
 
     @cached_property
     def probes(self) -> tuple[str, ...]:
@@ -129,11 +145,20 @@ class LoadedModel:
 
     def as_fed(self, tensor: str, value: npt.NDArray[Any]) -> npt.NDArray[Any]:
         """``value`` in the model's own dtype for ``tensor`` (a float64 reference feeds fp32)."""
+        if self.units is not None:
+            value = self.units.fed(tensor, value)
         want = self.dtypes.get(tensor)
         return value if want is None or value.dtype == want else value.astype(want)
 
     def fed_meta(self, tensor: str, meta: TensorMeta) -> TensorMeta:
-        return TensorMeta(self.dtypes.get(tensor, meta.dtype), meta.shape)
+        own = self.units.dtype(tensor) if self.units is not None else None
+        return TensorMeta(own or self.dtypes.get(tensor, meta.dtype), meta.shape)
+
+    def as_real(
+        self, tensor: str, value: npt.NDArray[Any] | None, like: np.dtype[Any]
+    ) -> npt.NDArray[Any] | None:
+        """The model's value of ``tensor`` in real units, comparable with a float one's."""
+        return value if self.units is None else self.units.real(tensor, value, like)
 
     def value_edges(
         self, skip: Callable[[str], bool] | None = None

@@ -21,6 +21,7 @@ from onnx_bisect.report.format import (
 )
 from onnx_bisect.report.mermaid import focus_node, mermaid_lines
 from onnx_bisect.report.passes import pass_markdown, workaround_step
+from onnx_bisect.report.quant import quant_markdown
 from onnx_bisect.result import (
     nonfinite_origin,
     nonfinite_phrase,
@@ -42,7 +43,9 @@ INPUTS_SHOWN = 10  # a dataset's worst inputs listed
 
 
 def render_markdown(result: BisectResult) -> str:
-    lines: list[str] = [f"# onnx-bisect: {code(result.target.spec)} vs {code(result.ref.spec)}", ""]
+    lines: list[str] = [_title(result), ""]
+    if result.quant is not None:
+        lines += quant_markdown(result.quant) + [""]
     lines += _summary(result)
     diagram = mermaid_lines(result)
     if diagram:
@@ -157,6 +160,13 @@ def _full_table(result: BisectResult) -> str:
         listed = f"`nodes.csv` lists all {plural(total, 'node')}"
         return f"{listed}; none was probed: no node's tensors were compared"
     return f"the full table is in `nodes.csv`: {plural(total, 'node')}, {probed} of them probed"
+
+
+def _title(result: BisectResult) -> str:
+    if result.target_model:  # two models: name both (the backends may be the same)
+        sides = f"{code(Path(result.target_model).name)} vs {code(Path(result.model).name)}"
+        return f"# onnx-bisect: {sides} on {code(result.target.spec)}"
+    return f"# onnx-bisect: {code(result.target.spec)} vs {code(result.ref.spec)}"
 
 
 def next_steps(result: BisectResult) -> list[str]:

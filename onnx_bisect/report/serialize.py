@@ -276,6 +276,7 @@ def to_dict(result: BisectResult) -> dict[str, Any]:
         "repro": result.repro.to_dict() if result.repro is not None else None,
         "target_model": result.target_model or None,
         "tensor_matching": result.matching.to_dict() if result.matching is not None else None,
+        "quantization": result.quant.to_dict() if result.quant is not None else None,
         "transforms": [t.to_dict() for t in result.transforms],
         "task_checks": [c.to_dict() for c in result.task_checks],
         "pass_bisection": result.pass_bisection.to_dict() if result.pass_bisection else None,

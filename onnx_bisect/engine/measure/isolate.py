@@ -13,7 +13,7 @@ import numpy.typing as npt
 
 from onnx_bisect.backends.protocol import Tensors
 from onnx_bisect.backends.unsupported import unsupported
-from onnx_bisect.compare.criterion import Comparison
+from onnx_bisect.compare.criterion import Comparison, Criterion
 from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.engine.measure.operands import reference_fed
 from onnx_bisect.engine.measure.runs import plan_chunks, timed_run
@@ -95,15 +95,22 @@ def isolate(
             return
         crit = session.crit.for_isolation()  # a lower precision's isolated floors
         for n in batch:
-            results[n.name] = {
-                t: compare_tensors(t, store.get(t), outcome.get(t), crit) for t in n.outputs
-            }
+            results[n.name] = {t: _compared(model, t, store, outcome, crit) for t in n.outputs}
 
     _run_batches(session, model, store, batches, use)
     return {n.name: results[n.name] for n in todo}  # in graph order, however they ran
 
 
 Outcome = Tensors | BackendError
+
+
+def _compared(
+    model: LoadedModel, tensor: str, store: TensorStore, outcome: Tensors, crit: Criterion
+) -> Comparison:
+    """The target's output in real units (a quantized model's dequantized) against the
+    reference's."""
+    ref = store.get(tensor)
+    return compare_tensors(tensor, ref, model.as_real(tensor, outcome.get(tensor), ref.dtype), crit)
 
 
 def _run_batches(

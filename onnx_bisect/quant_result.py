@@ -1,0 +1,154 @@
+"""A quantized model's part of the result: how its tensors paired with the float model's, the
+error each tensor's quantization adds, and the smallest set of nodes to keep in float."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from onnx_bisect.compare.quant import COARSE_LEVELS, QuantError, QuantKind
+from onnx_bisect.text import fmt
+
+__all__ = ["KeepInFloat", "QuantReport", "QuantRow", "Sensitivity"]
+
+
+@dataclass(frozen=True)
+class QuantRow:
+    """One quantized tensor: its scale, the error its round trip adds on the float model's
+    values, and the tensors sharing its scale at a Concat/Add."""
+
+    tensor: str  # the float model's name
+    node: str  # the quantizing node in the quantized model
+    scale: str  # QParams.describe()
+    error: QuantError
+    shared_with: tuple[str, ...] = ()
+    shared_at: str = ""
+    # Inputs of the merging node that span fewer than COARSE_LEVELS steps of this scale.
+    lost: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> QuantKind:
+        return QuantKind.SHARED if self.lost else self.error.kind
+
+    @property
+    def as_designed(self) -> bool:
+        return self.kind is QuantKind.ROUNDING
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tensor": self.tensor,
+            "node": self.node,
+            "scale": self.scale,
+            **self.error.to_dict(),
+            "kind": self.kind.value,
+            "shared_with": list(self.shared_with),
+            "shared_at": self.shared_at or None,
+            "range_lost": list(self.lost),
+        }
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """The goal's number with only ``node`` kept in float (lower is better)."""
+
+    node: str
+    error: float
+
+
+@dataclass(frozen=True)
+class KeepInFloat:
+    """The smallest set of nodes to keep in float that meets the goal, verified by a run of
+    the patched model: ``before``/``after`` are the goal's number (worst output error)."""
+
+    nodes: tuple[str, ...]
+    goal: str
+    before: float
+    after: float
+    verified: bool
+    runs: int
+    model_path: str = ""
+    note: str = ""
+
+    @property
+    def nodes_to_exclude(self) -> str:
+        return "nodes_to_exclude=[" + ", ".join(repr(n) for n in self.nodes) + "]"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": list(self.nodes),
+            "nodes_to_exclude": list(self.nodes),
+            "goal": self.goal,
+            "before": self.before,
+            "after": self.after,
+            "verified": self.verified,
+            "runs": self.runs,
+            "model": self.model_path or None,
+            "note": self.note or None,
+        }
+
+
+@dataclass(frozen=True)
+class QuantReport:
+    """Pairing counts by rule, the unpaired tensors with their reasons, the per-tensor table
+    (worst first), the keep-in-float answer and the per-node sensitivity (most first)."""
+
+    rules: dict[str, int]
+    unpaired: dict[str, str]
+    rows: tuple[QuantRow, ...]
+    keep: KeepInFloat | None = None
+    sensitivity: tuple[Sensitivity, ...] = ()
+
+    @property
+    def flagged(self) -> tuple[QuantRow, ...]:
+        return tuple(r for r in self.rows if not r.as_designed)
+
+    def pairing_summary(self) -> str:
+        rules = ", ".join(f"{n} by {rule}" for rule, n in sorted(self.rules.items()))
+        total = sum(self.rules.values())
+        return (
+            f"quantized tensors paired with the float model: {total} ({rules or 'none'}); "
+            f"unpaired: {len(self.unpaired)}"
+        )
+
+    def lines(self) -> list[str]:
+        """What the terminal and report.md say first: the answer, then what stands out."""
+        out: list[str] = []
+        if self.keep is not None:
+            k = self.keep
+            if k.nodes:
+                state = "verified" if k.verified else "NOT verified"
+                out.append(
+                    f"keep in float ({state}, {k.runs} runs): {k.nodes_to_exclude}; "
+                    f"{k.goal}: {fmt(k.before)} -> {fmt(k.after)}"
+                )
+            if k.note:
+                out.append(k.note)
+        kinds = Counter(r.kind.value for r in self.rows)
+        if self.rows:
+            out.append(
+                "quantized tensors: "
+                + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+            )
+        for r in self.flagged[:5]:
+            shared = (
+                f", scale shared with {', '.join(r.shared_with)} at {r.shared_at}"
+                if r.shared_with
+                else ""
+            )
+            if r.lost:
+                shared += f"; {', '.join(r.lost)} span < {COARSE_LEVELS:g} steps of it"
+            out.append(
+                f"  {r.tensor}: {r.kind.value} ({r.scale}, {r.error.levels:.1f} steps, "
+                f"clipped {r.error.clipped:.1%}, SQNR {r.error.sqnr_db:.1f} dB{shared})"
+            )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "paired_by_rule": dict(self.rules),
+            "unpaired": [{"tensor": t, "reason": r} for t, r in self.unpaired.items()],
+            "tensors": [r.to_dict() for r in self.rows],
+            "keep_in_float": self.keep.to_dict() if self.keep is not None else None,
+            "sensitivity": [{"node": s.node, "error": s.error} for s in self.sensitivity],
+        }

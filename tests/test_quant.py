@@ -1,0 +1,134 @@
+"""Quantized target models (issue 27): float models built here, quantized by onnxruntime, then
+bisected through the CLI against the float model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from onnx_bisect.cli import bisect_app
+from onnx_bisect.compare.quant import QParams, QuantKind, dequantize, quant_error, quantize
+from onnx_bisect.engine.quant import keep
+from tests import quant_models as qm
+
+pytest.importorskip("onnxruntime.quantization")
+
+FORMS = ("qdq", "qdq-per-channel", "qoperator", "dynamic")
+
+
+def _bisect(src: Path, dst: Path, out: Path) -> tuple[int, dict[str, object], str]:
+    result = CliRunner().invoke(
+        bisect_app,
+        [str(src), "--target-model", str(dst), "--target", "cpu", "--out", str(out),
+         "--format", "md,json"],
+    )  # fmt: skip
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    report = json.loads((out / "report.json").read_text())
+    return result.exit_code, report, result.output
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("build", [qm.detector, qm.block], ids=["detector", "block"])
+def test_every_int8_form_runs_and_pairs_or_explains_every_quantized_tensor(
+    tmp_path: Path, form: str, build: object
+) -> None:
+    src, dst = qm.quantized(build(), tmp_path, form)  # type: ignore[operator]
+    code, report, output = _bisect(src, dst, tmp_path / "out")
+    assert code == 1, output
+    assert "Traceback" not in output
+    quant = report["quantization"]
+    assert isinstance(quant, dict)
+    paired = sum(quant["paired_by_rule"].values())
+    assert paired + len(quant["unpaired"]) > 0
+    assert all(u["reason"] for u in quant["unpaired"])
+    assert report["root_cause"]["kind"] == "quantization"  # type: ignore[index]
+    if form != "dynamic":
+        assert paired > 0 and not quant["unpaired"]
+    # Fed quantized operands, every quantized node runs alone (float into uint8 would not).
+    verdicts = {n["verdict"] for n in report["nodes"]}  # type: ignore[union-attr]
+    assert not verdicts & {"failed", "unsupported", "crashed"}
+
+
+def test_a_concat_of_a_unit_and_a_wide_branch_is_kept_in_float(tmp_path: Path) -> None:
+    src, dst = qm.quantized(qm.detector(), tmp_path, "qdq")
+    code, report, output = _bisect(src, dst, tmp_path / "out")
+    assert code == 1
+    quant = report["quantization"]
+    keep = quant["keep_in_float"]  # type: ignore[index]
+    assert keep["nodes"] == ["head_concat"]
+    assert keep["verified"] and keep["after"] <= 0.05 < keep["before"]
+    assert (tmp_path / "out" / "repro" / "keep_in_float.onnx").is_file()
+    rows = {r["tensor"]: r for r in quant["tensors"]}  # type: ignore[index]
+    # One scale over the Concat's boxes and scores: the scores span < 16 steps of it.
+    assert rows["y"]["kind"] == "shared scale"
+    assert rows["y"]["range_lost"] == ["scores"] and rows["y"]["shared_at"] == "head_concat"
+    assert rows["scores"]["kind"] == "rounding"  # its own scale is fine
+    assert report["root_cause"]["nodes"] == ["y_QuantizeLinear", "y_DequantizeLinear"]  # type: ignore[index]
+    sensitivity = quant["sensitivity"]  # type: ignore[index]
+    assert sensitivity[0]["node"] == "head_concat"
+    assert "nodes_to_exclude=['head_concat']" in output
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert md.index("## Quantization") < md.index("**Diverged.**")
+    assert "`qdq.onnx` vs `float.onnx`" in md.splitlines()[0]
+    assert "Report it" not in md
+
+
+def test_rounding_alone_is_within_quantization_error(tmp_path: Path) -> None:
+    src, dst = qm.quantized(qm.convnet(), tmp_path, "qdq")
+    code, report, _ = _bisect(src, dst, tmp_path / "out")
+    assert code == 1
+    assert not [n for n in report["nodes"] if n["verdict"] == "culprit"]  # type: ignore[union-attr]
+    cause = report["root_cause"]
+    assert cause["kind"] == "quantization" and not cause["nodes"]  # type: ignore[index]
+    assert "within its quantization error" in cause["reason"]  # type: ignore[index]
+
+
+def test_quantize_round_trip_and_floor() -> None:
+    p = QParams(np.array([0.1]), np.array([128.0]), "uint8")
+    x = np.random.default_rng(0).uniform(-10, 10, 10_000)
+    q = quantize(x, p)
+    assert q.dtype == np.uint8
+    back = dequantize(q, p)
+    assert np.max(np.abs(back - x)) <= 0.05 + 1e-12
+    e = quant_error(x, p)
+    assert e.kind is QuantKind.ROUNDING and e.clipped == 0.0
+    assert e.floor == pytest.approx(e.rel_l2, rel=0.05)  # uniform rounding, as predicted
+    clipped = quant_error(x * 3, p)
+    assert clipped.kind is QuantKind.CLIPPED and clipped.clipped > 0.5
+    coarse = quant_error(x / 200, p)  # values within one step
+    assert coarse.kind is QuantKind.COARSE
+
+
+def test_the_search_stops_at_its_budget_with_the_smallest_set_seen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two nodes of 200 needed together: ddmin needs more runs than the budget, so the answer
+    is the smallest set that met the goal, said to be perhaps not the fewest."""
+    monkeypatch.setattr(keep, "SEARCH_RUNS", 30)
+    nodes = [f"n{i}" for i in range(200)]
+    trials = keep._Trials(lambda s: 0.0 if {"n3", "n150"} <= set(s) else 1.0, 0.5)
+    found, note = keep._search(nodes, [], trials)
+    assert {"n3", "n150"} <= set(found) and len(found) < 200
+    assert trials.runs == 30 and "perhaps not the fewest" in note
+    monkeypatch.setattr(keep, "SEARCH_RUNS", 10_000)
+    exact = keep._Trials(lambda s: 0.0 if {"n3", "n150"} <= set(s) else 1.0, 0.5)
+    assert keep._search(nodes, [], exact) == (("n3", "n150"), "")
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_one_quantized_model_on_two_backends_runs(tmp_path: Path, form: str) -> None:
+    """An int8 model run by ONNX Runtime with and without its graph optimizations (which fuse
+    Q/DQ into integer kernels): a diagnosis, not a crash."""
+    _, dst = qm.quantized(qm.detector(), tmp_path, form)
+    result = CliRunner().invoke(
+        bisect_app,
+        [str(dst), "--target", "cpu?opt=disable", "--out", str(tmp_path / "out"),
+         "--format", "json", "--always-scan"],
+    )  # fmt: skip
+    assert result.exit_code in (0, 1), result.output
+    assert "Traceback" not in result.output
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["quantization"] is None
