@@ -10,10 +10,18 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
-__all__ = ["INTERRUPT_GRACE_S", "python_child_env", "return_large_frees", "run_child"]
+__all__ = [
+    "INTERRUPT_GRACE_S",
+    "python_child_env",
+    "return_large_frees",
+    "run_child",
+    "signal_handlers",
+]
 
 # How long a child has to clean up after Ctrl-C (a repro.py kills its own target's process
 # group then) before its whole group is killed.
@@ -188,3 +196,19 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
     for pipe in (proc.stdout, proc.stderr):
         if pipe is not None:
             pipe.close()
+
+
+@contextlib.contextmanager
+def signal_handlers(signals: Sequence[int], handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """``handler`` for ``signals`` while the block runs, the previous ones restored after. Only
+    the main thread may set handlers (an embedding application's thread runs the block bare);
+    Python delivers signals to the main thread anyway."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old if old is not None else signal.SIG_DFL)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -25,7 +24,7 @@ from onnx_bisect.cli.commands import (
 from onnx_bisect.cli.output import EXIT_INTERNAL, EXIT_USAGE, err
 from onnx_bisect.cli.params import VersionOpt
 from onnx_bisect.leftovers import run_temp_dir
-from onnx_bisect.process import return_large_frees
+from onnx_bisect.process import return_large_frees, signal_handlers
 
 __all__ = ["app", "bisect_app", "bisect_entry", "main_entry"]
 
@@ -122,15 +121,8 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 @contextmanager
 def _stop_signals() -> Iterator[None]:
     """SIGTERM and SIGHUP raise ``_Stopped`` in the main thread while the command runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may set handlers (an embedding application's thread)
-        return
-    previous = {s: signal.signal(s, _stop) for s in _STOP_SIGNALS}
-    try:
+    with signal_handlers(list(_STOP_SIGNALS), _stop):
         yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 def _entry(typer_app: typer.Typer, prog: str, args: Sequence[str] | None) -> None:

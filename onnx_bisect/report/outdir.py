@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
-import threading
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from types import FrameType
 
 from onnx_bisect.errors import InputError
 from onnx_bisect.leftovers import held_dir, sweep
+from onnx_bisect.process import signal_handlers
 from onnx_bisect.report.manifest import MANIFEST, check_owned, manifest_text
 
 __all__ = [
@@ -209,21 +209,16 @@ def _interrupts_held() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP are remembered, not acted on, until the block ends, then
     delivered to the handlers they had (main thread only: signal handlers cannot be set
     elsewhere, and Python delivers signals to the main thread anyway)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     caught: list[int] = []
 
     def remember(signum: int, frame: FrameType | None) -> None:
         caught.append(signum)
 
     held = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if _handled(s)]
-    previous = {s: signal.signal(s, remember) for s in held}
     try:
-        yield
+        with signal_handlers(held, remember):
+            yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
         if caught:
             if caught[0] == signal.SIGINT:
                 raise KeyboardInterrupt
