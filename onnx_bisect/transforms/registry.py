@@ -220,6 +220,12 @@ class TransformKind:
     passes: _Passes | None = None
     # ``PASS,PASS`` as the owning library's own call, for a workaround's "Python" form.
     python: Callable[[Sequence[str]], str] | None = None
+    # False: ``apply`` gets the model with its external weights located, not read (a version
+    # conversion reads no weight), so that a model over 2 GB stays a small message.
+    reads_weights: bool = True
+    # True: the child infers shapes before the weights are read and ``apply`` must not infer
+    # them itself (onnx serializes the message to infer, which fails past 2 GB).
+    infer_shapes: bool = False
 
 
 def _onnxoptimizer_call(passes: Sequence[str]) -> str:
@@ -228,9 +234,14 @@ def _onnxoptimizer_call(passes: Sequence[str]) -> str:
 
 TRANSFORMS: Mapping[str, TransformKind] = {
     "fp16": TransformKind(
-        "onnxconverter-common", fp16, summary="float16, float32 inputs and outputs"
+        "onnxconverter-common",
+        fp16,
+        summary="float16, float32 inputs and outputs",
+        infer_shapes=True,
     ),
-    "opset": TransformKind("onnx", _opset, "N", True, "onnx.version_converter to opset N"),
+    "opset": TransformKind(
+        "onnx", _opset, "N", True, "onnx.version_converter to opset N", reads_weights=False
+    ),
     "onnxoptimizer": TransformKind(
         "onnxoptimizer",
         _onnxoptimizer,
