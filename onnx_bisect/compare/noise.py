@@ -64,9 +64,12 @@ def fp32_noise(exact: npt.NDArray[Any], value: npt.NDArray[Any]) -> float | None
     if exact.shape != value.shape or not np.issubdtype(exact.dtype, np.floating):
         return None
     d2 = r2 = 0.0
-    for e, v in blocks(exact, value):
+    flat, at = np.ravel(value), 0
+    for (e,) in blocks(exact):
+        # ``value`` (float32) is widened inside the subtraction, not copied to float64 first.
+        v, at = flat[at : at + e.size], at + e.size
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: left out below
-            d = v - e
+            d = np.subtract(v, e, dtype=np.float64)
         dd, ee = dot(d, d), dot(e, e)
         if not (math.isfinite(dd) and math.isfinite(ee)):
             # Rare: only then pay for the mask and the copies it makes.
