@@ -352,3 +352,25 @@ def test_opset_conversion_keeps_external_weights_on_disk(tmp_path: Path) -> None
     for t in original.graph.initializer:
         np.testing.assert_array_equal(weights[t.name], numpy_helper.to_array(t))
     assert record.nodes_after == record.nodes_before
+
+
+def test_onnxoptimizer_through_files_as_past_2gb(tmp_path: Path) -> None:
+    """Past 2 GB onnxoptimizer is handed files (protobuf raises EncodeError, which its own
+    fallback does not catch); on a small model that path gives what optimize() gives."""
+    import onnxoptimizer
+
+    from onnx_bisect.transforms.registry import _optimize_from_files
+    from tests.models import write_external_mlp
+
+    path = tmp_path / "mlp.onnx"
+    write_external_mlp(path, blocks=2)
+    model = onnx.load(str(path))
+    model.graph.node.insert(0, helper.make_node("Identity", ["x"], ["x_id"], name="id"))
+    model.graph.node[1].input[0] = "x_id"
+    passes = list(onnxoptimizer.get_fuse_and_elimination_passes())
+    direct = onnxoptimizer.optimize(model, passes)
+    via_files = _optimize_from_files(model, passes)
+    assert "Identity" not in {n.op_type for n in via_files.graph.node}  # it did optimize
+    assert [n.op_type for n in via_files.graph.node] == [n.op_type for n in direct.graph.node]
+    for a, b in zip(direct.graph.initializer, via_files.graph.initializer, strict=True):
+        np.testing.assert_array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))

@@ -26,6 +26,7 @@ from typing import Any
 import onnx
 
 from onnx_bisect.errors import SpecError
+from onnx_bisect.graph.sizes import model_bytes
 from onnx_bisect.transforms.fp16 import fp16
 
 __all__ = [
@@ -135,8 +136,27 @@ def _onnxoptimizer(
             f"see onnxoptimizer.get_available_passes()"
         )
     chosen = passes or list(onnxoptimizer.get_fuse_and_elimination_passes())
-    optimized = onnxoptimizer.optimize(model, chosen)
+    optimized = (
+        onnxoptimizer.optimize(model, chosen)
+        if model_bytes(model).fits
+        else _optimize_from_files(model, chosen)
+    )
     return optimized, (f"passes: {', '.join(chosen) if passes else 'fuse and elimination'}",)
+
+
+def _optimize_from_files(model: onnx.ModelProto, passes: Sequence[str]) -> onnx.ModelProto:
+    """onnxoptimizer past 2 GB: its own fallback to files runs on ValueError only, and
+    protobuf raises EncodeError there, so the files are written here (in the child)."""
+    import tempfile
+    from pathlib import Path
+
+    from onnxoptimizer import onnx_opt_cpp2py_export as cpp
+
+    with tempfile.TemporaryDirectory(prefix="onnx-bisect-onnxoptimizer-") as tmp:
+        src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
+        onnx.save_model(model, str(src), save_as_external_data=True, location="in.onnx.data")
+        cpp.optimize_from_path(str(src), str(dst), list(passes), "out.onnx.data")
+        return onnx.load(str(dst))
 
 
 def split_passes(arg: str | None) -> list[str]:
