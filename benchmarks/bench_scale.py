@@ -2,11 +2,17 @@
 """Benchmark: does a diagnosis take time linear in the node count? A node-scaling table.
 
     python benchmarks/bench_scale.py [--nodes 1000,2000,5000,20000] [--targets exec,inproc]
+                                     [--llm-layers 8,16]
                                      [--repeat 1] [--no-polygraphy] [--out bench-scale]
 
 Models: ``benchmarks/models.mlp_blocks(N)``, chains of residual MLP blocks with a LayerNorm in
 primitive ops (11 nodes a block, [64, 16] float32 activations, 4 kB a tensor), built into
 ``OUT/models/``. The fault is planted at the middle block's MatMul (``middle_matmul``), 5%.
+
+With ``--llm-layers 8,16``, LLM rows too: ``benchmarks/llm.py``'s Llama (built with
+transformers from a config, random weights, exported by torch.onnx; 24,576 values an
+activation), a 1% fault in the middle layer's ``mlp/down_proj/MatMul`` through the simulated
+runtime, at default settings (``--threshold auto``); the row's target is ``llm``.
 
 Targets
     exec     the simulated faulty runtime ``examples/faulty_runtime.py --fault NODE=0.05``
@@ -91,34 +97,55 @@ class Row:
         }
 
 
-def spec_for(kind: str, node: str) -> str:
-    if kind == "exec":
+@dataclass(frozen=True)
+class Case:
+    """A model file (built once), the node its fault is planted at, and how large."""
+
+    path: Path
+    node: str
+    nodes: int
+    shapes: dict[str, tuple[int, ...]]
+    fault: float = 0.05
+
+
+def spec_for(kind: str, node: str, fault: float = 0.05) -> str:
+    if kind in ("exec", "llm"):
         script = REPO / "examples" / "faulty_runtime.py"
         cmd = [sys.executable, str(script), "{model}", "{inputs}", "{outputs}"]
-        return "exec:" + shlex.join([*cmd, "--fault", f"{node}=0.05"])
+        return "exec:" + shlex.join([*cmd, "--fault", f"{node}={fault:g}"])
     return f"{REPO / 'benchmarks' / 'faulty_backend.py'}:FaultyOrt?node={node}"
 
 
-def build(nodes: int, out: Path) -> tuple[Path, str, int]:
-    """The model file (built once), its faulty node and its actual node count."""
+def build(nodes: int, out: Path) -> Case:
     model = mlp_blocks(nodes)
     path = out / "models" / f"mlp{nodes}.onnx"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         onnx.save(model, str(path))
-    return path, middle_matmul(model), len(model.graph.node)
+    return Case(path, middle_matmul(model), len(model.graph.node), SHAPES)
+
+
+def build_llm(layers: int, out: Path) -> Case:
+    """The Llama of ``layers`` layers (benchmarks/llm.py), a 1% fault in the middle layer's
+    MLP down projection: issue 28's planted fault, found at default settings."""
+    from benchmarks.llm import SEQ, down_proj, llama
+
+    path = llama(layers, out / "models" / f"llama{layers}.onnx")
+    model = onnx.load(str(path), load_external_data=False)
+    node = down_proj(model, layers // 2)
+    return Case(path, node, len(model.graph.node), {"input_ids": (1, SEQ)}, fault=0.01)
 
 
 def bench_one(
-    kind: str, nodes: int, args: argparse.Namespace, bisect_argv: list[str], mark: list[str]
+    kind: str, case: Case, args: argparse.Namespace, bisect_argv: list[str], mark: list[str]
 ) -> Row:
     out: Path = args.out
-    path, node, count = build(nodes, out)
-    row = Row(kind, count)
-    work = out / kind / str(nodes)
-    target = spec_for(kind, node)
+    path, node = case.path, case.node
+    row = Row(kind, case.nodes)
+    work = out / kind / path.stem
+    target = spec_for(kind, node, case.fault)
     for i in range(1, args.repeat + 1):
-        tag = f"[{kind} {count} {i}/{args.repeat}]"
+        tag = f"[{kind} {case.nodes} {i}/{args.repeat}]"
         ddir = work / "diagnosis"
         shutil.rmtree(ddir, ignore_errors=True)
         argv = [*bisect_argv, str(path), "--ref", "cpu", "--target", target, "--out", str(ddir)]
@@ -138,7 +165,7 @@ def bench_one(
         floor_cfg = {
             "model": str(path),
             "inputs": str(ddir / "inputs.npz"),
-            "shapes": {k: list(v) for k, v in SHAPES.items()},
+            "shapes": {k: list(v) for k, v in case.shapes.items()},
             "target": yolo.floor_target(target),
         }
         if floor_cfg["target"]["kind"] == "none" and not row.notes:
@@ -153,7 +180,8 @@ def bench_one(
 
         polygraphy = yolo.console_script("polygraphy")
         if mark and polygraphy is not None and kind == TARGETS[0]:  # the same for every target
-            s, _, note = yolo.polygraphy_once(polygraphy, mark, path, SHAPES, work / "polygraphy")
+            d = work / "polygraphy"
+            s, _, note = yolo.polygraphy_once(polygraphy, mark, path, case.shapes, d)
             row.polygraphy.samples.append(s)
             print(f"{tag} polygraphy {s.wall_s:7.2f} s ({note})", flush=True)
     return row
@@ -220,6 +248,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Time a diagnosis against the node count.")
     p.add_argument("--nodes", default="1000,2000,5000,20000", help="node counts, ascending")
     p.add_argument("--targets", default=",".join(TARGETS), help=f"any of {', '.join(TARGETS)}")
+    p.add_argument(
+        "--llm-layers",
+        default="",
+        help="LLM rows: decoder layers of benchmarks/llm.py's Llama, comma-separated "
+        "(needs torch and transformers); a 1%% fault in the middle layer's down_proj",
+    )
     p.add_argument("--repeat", type=int, default=1, help="repetitions per measurement")
     p.add_argument("--no-polygraphy", action="store_true", help="skip the mark-all workflow")
     p.add_argument("--out", type=Path, default=Path("bench-scale"), help="output directory")
@@ -230,8 +264,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--nodes: whole numbers, comma-separated")
     if not args.nodes or min(args.nodes) < 11:
         p.error("--nodes: at least one count, each at least 11 (one block)")
+    try:
+        args.llm_layers = [int(n) for n in args.llm_layers.split(",") if n.strip()]
+    except ValueError:
+        p.error("--llm-layers: whole numbers, comma-separated")
     args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
-    if not args.targets or set(args.targets) - set(TARGETS):
+    if set(args.targets) - set(TARGETS) or not (args.targets or args.llm_layers):
         p.error(f"--targets: choose from {', '.join(TARGETS)}")
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
@@ -253,13 +291,15 @@ def main(argv: list[str]) -> int:
     load_start = yolo.load_average()
     rows: list[Row] = []
     failed = False
-    for kind in args.targets:
-        for nodes in args.nodes:
-            try:
-                rows.append(bench_one(kind, nodes, args, bisect_argv, mark))
-            except yolo.BenchError as exc:
-                failed = True
-                print(f"[{kind} {nodes}] error: {exc}", file=sys.stderr)
+    cases = [(kind, nodes) for kind in args.targets for nodes in args.nodes]
+    cases += [("llm", layers) for layers in args.llm_layers]
+    for kind, size in cases:
+        try:
+            made = build_llm(size, args.out) if kind == "llm" else build(size, args.out)
+            rows.append(bench_one(kind, made, args, bisect_argv, mark))
+        except yolo.BenchError as exc:
+            failed = True
+            print(f"[{kind} {size}] error: {exc}", file=sys.stderr)
     load_end = yolo.load_average()
     print()
     print(render(rows))
@@ -276,7 +316,7 @@ def main(argv: list[str]) -> int:
         "environment": yolo.environment(),
         "load_average_1min": {"start": load_start, "end": load_end},
         "rows": [r.to_dict() for r in rows],
-        "verdicts": {k: verdicts(rows, k) for k in args.targets},
+        "verdicts": {k: verdicts(rows, k) for k in dict.fromkeys(r.target for r in rows)},
     }
     (args.out / "bench_scale.json").write_text(json.dumps(doc, indent=2) + "\n")
     print(f"written {args.out / 'bench_scale.json'}")

@@ -35,6 +35,7 @@ __all__ = [
     "CauseKind",
     "ChainLink",
     "NodeResult",
+    "chain_positions",
     "Outcome",
     "PassBisection",
     "PassOutcome",
@@ -58,10 +59,24 @@ class ChainLink:
     rel_l2: float
     gain: float | None  # this node's amplification (output error ÷ worst input error)
     nonfinite: str = ""  # "NaN" or "inf": its error, where NaN/Inf sit in different places
+    # Links of the whole chain left out just before this one: a long chain keeps its first
+    # and last links and its largest gains (engine/chain.py), and says how many it folded.
+    folded: int = 0
+    # On the last link only, where the chain ends before the outputs: why it stops there.
+    stop: str = ""
 
     @property
     def shown(self) -> str:
         return self.nonfinite or fmt(self.rel_l2)
+
+
+def chain_positions(chain: tuple[ChainLink, ...] | list[ChainLink]) -> list[int]:
+    """Each kept link's position in the whole chain, the folded links counted."""
+    positions, at = [], -1
+    for link in chain:
+        at += link.folded + 1
+        positions.append(at)
+    return positions
 
 
 @dataclass(frozen=True)

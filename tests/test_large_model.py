@@ -154,3 +154,27 @@ def test_an_in_memory_model_over_2gb_is_sized_without_serializing() -> None:
     size = model_bytes(model)
     assert size.inline_data == 3 * (720 << 20) and size.external == 0
     assert size.message > PROTO_LIMIT and not size.fits
+
+
+@pytest.mark.parametrize("transform", ["fp16", "opset=19", "onnxoptimizer"])
+def test_transforms_above_2gb(large: Path, transform: str) -> None:
+    """onnxconverter-common's own shape inference serializes the model ("Failed to serialize
+    proto" past 2 GB), and so do the version converter and onnxoptimizer: the child infers
+    shapes on the message without its weights, converts versions without reading them, and
+    hands onnxoptimizer files (issue 28)."""
+    from onnx_bisect.transforms.apply import apply_transforms
+
+    loaded = load_model(large)
+    converted, (record,) = apply_transforms(loaded.model, [transform], "target")
+    assert record.nodes_before == len(loaded.model.graph.node)
+    weights = {t.name: t for t in converted.graph.initializer}
+    if transform == "fp16":
+        assert weights["W2"].data_type == onnx.TensorProto.FLOAT16
+        assert len(weights["W2"].raw_data) == WIDTH * HIDDEN * 2
+    elif transform.startswith("opset"):
+        assert next(o.version for o in converted.opset_import if o.domain == "") == 19
+        assert len(weights["W2"].raw_data) == WIDTH * HIDDEN * 4
+    else:
+        assert record.nodes_after <= record.nodes_before
+        assert len(weights["W2"].raw_data) == WIDTH * HIDDEN * 4
+    del converted, weights

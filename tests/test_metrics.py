@@ -426,3 +426,50 @@ def test_reference_off_shortcut_agrees_with_the_full_check(
     full = _reference_off("t", ref, target, crit, None)
     assert compare_tensors("t", ref, target, crit).reference_off == bool(full)
     assert bool(full) == (ref_error >= 1e-4 and target_error < 1e-4)
+
+
+# --- comparisons that scale (issue 28) -------------------------------------------------------
+
+
+def test_dot_is_exact_enough_over_a_block() -> None:
+    """einsum's sums of products over a full block agree with math.fsum to float64 rounding."""
+    from onnx_bisect.compare.metrics import COMPARE_BLOCK, dot
+
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal(COMPARE_BLOCK), rng.standard_normal(COMPARE_BLOCK)
+    assert dot(a, b) == pytest.approx(math.fsum(a * b), rel=1e-11, abs=1e-9)
+    assert dot(a, a) == pytest.approx(math.fsum(a * a), rel=1e-13)
+
+
+def test_comparisons_call_no_blas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """np.dot of a long float64 vector runs on BLAS threads, which fought the runtimes for the
+    cores (15-55 ms a tensor on a busy machine): comparing and measuring fp32 noise must not
+    call it, whatever the tensor's size."""
+    from onnx_bisect.compare.metrics import COMPARE_BLOCK
+    from onnx_bisect.compare.noise import fp32_noise
+
+    def no_blas(*args: object, **kwargs: object) -> None:
+        raise AssertionError("np.dot called in a comparison")
+
+    rng = np.random.default_rng(2)
+    ref = rng.standard_normal(COMPARE_BLOCK + 5).astype(F32)
+    tgt = (ref * 1.01).astype(F32)
+    exact = ref.astype(np.float64) * (1 + 1e-7)
+    monkeypatch.setattr(np, "dot", no_blas)
+    monkeypatch.setattr(np, "vdot", no_blas)
+    crit = Criterion(truth=NoiseFloor({"t": exact}, {"t": 1e-2}).truth)
+    c = compare_tensors("t", ref, tgt, crit)
+    assert c.status is Status.DIVERGED and c.metrics["rel_l2"] == pytest.approx(0.01, rel=1e-4)
+    assert _reference_off("t", ref, tgt, crit, None) == ""  # the three-way sums, too
+    assert rel_l2(ref, tgt) == pytest.approx(0.01, rel=1e-4)
+    assert cosine(ref, tgt) == pytest.approx(1.0)
+    assert fp32_noise(exact, ref) == pytest.approx(1e-7, rel=1e-2)
+
+
+def test_fp32_noise_leaves_out_values_not_finite_in_both() -> None:
+    from onnx_bisect.compare.noise import fp32_noise
+
+    exact = np.array([1.0, 2.0, np.inf, 4.0, np.nan])
+    value = np.array([1.0, 2.5, np.inf, 4.0, 3.0], F32)
+    assert fp32_noise(exact, value) == pytest.approx(0.5 / math.sqrt(21))
+    assert fp32_noise(exact, value[:4]) is None

@@ -278,3 +278,99 @@ def test_a_repro_bundle_is_cut_from_the_transformed_model(tmp_path: Path) -> Non
     assert len(bundle.graph.node[0].input) == 3  # the fused Conv, with the folded bias
     readme = (tmp_path / "bundle" / "README.md").read_text()
     assert "cut from the target model" in readme
+
+
+def _gemm_output_read_inside() -> onnx.ModelProto:
+    """Gemm -> h, a graph output that Relu reads too (BERT's pooler as exported): with
+    keep_io_types, onnxconverter-common 1.16 casts h back to float32 and still labels Relu's
+    output float16, a model no runtime loads."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")
+    nodes = [
+        helper.make_node("Gemm", ["x", "w", "b"], ["h"], name="gemm"),
+        helper.make_node("Relu", ["h"], ["y"], name="relu"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 4]) for n in ("h", "y")]
+    return make(nodes, [x], outs, [w, b])
+
+
+def test_a_converter_that_writes_an_invalid_model_is_the_transforms_failure(
+    tmp_path: Path,
+) -> None:
+    """Not "the target fails on Gemm" (a finding about the runtime, exit 1): the transform
+    failed, one line, exit 2, naming the converter and onnx's reason."""
+    path = tmp_path / "gemm_output_read_inside.onnx"
+    onnx.save(_gemm_output_read_inside(), str(path))
+    plain = CliRunner().invoke(bisect_app, [str(path), "-t", "cpu", "--no-repro"])
+    assert plain.exit_code == 0, plain.output
+    res = CliRunner().invoke(bisect_app, [str(path), "-t", "cpu+fp16", "--no-repro"])
+    assert res.exit_code == 2, res.output
+    assert "transform +fp16 failed: onnxconverter-common wrote an invalid model:" in res.output
+    assert "node name: relu" in res.output and "Traceback" not in res.output
+    assert "fails on" not in res.output
+
+
+def test_a_model_onnx_rejects_already_is_not_blamed_on_the_transform() -> None:
+    from onnxconverter_common import float16
+
+    from onnx_bisect.transforms.validity import broken_by
+
+    good = _gemm_output_read_inside()
+    bad = float16.convert_float_to_float16(good, keep_io_types=True)
+    assert "node name: relu" in broken_by(good, bad)
+    assert broken_by(bad, bad) == ""  # invalid before: not the transform's doing
+    assert broken_by(good, good) == ""
+
+
+def test_the_validity_skeleton_leaves_out_weights_only() -> None:
+    from onnx_bisect.transforms.validity import skeleton
+
+    model = _gemm_output_read_inside()
+    big = numpy_helper.from_array(np.zeros((256, 256), np.float32), "big")
+    model.graph.initializer.append(big)
+    bones = skeleton(model)
+    kept = {t.name: t for t in bones.graph.initializer}
+    assert kept["w"] == model.graph.initializer[0]  # small: whole
+    assert not kept["big"].raw_data and list(kept["big"].dims) == [256, 256]
+    assert bones.graph.node == model.graph.node and bones.opset_import == model.opset_import
+
+
+def test_opset_conversion_keeps_external_weights_on_disk(tmp_path: Path) -> None:
+    """+opset reads no weight: the child converts the message with its weights located, not
+    read (a model over 2 GB stays small), and the result still carries them."""
+    from tests.models import write_external_mlp
+
+    path = tmp_path / "mlp.onnx"
+    write_external_mlp(path, blocks=2)
+    loaded = onnx_bisect.graph.load.load_model(path)
+    converted, (record,) = apply_transforms(loaded.model, ["opset=19"], "target")
+    assert next(o.version for o in converted.opset_import if o.domain == "") == 19
+    weights = {t.name: numpy_helper.to_array(t) for t in converted.graph.initializer}
+    original = onnx.load(str(path))
+    for t in original.graph.initializer:
+        np.testing.assert_array_equal(weights[t.name], numpy_helper.to_array(t))
+    assert record.nodes_after == record.nodes_before
+
+
+def test_onnxoptimizer_through_files_as_past_2gb(tmp_path: Path) -> None:
+    """Past 2 GB onnxoptimizer is handed files (protobuf raises EncodeError, which its own
+    fallback does not catch); on a small model that path gives what optimize() gives."""
+    import onnxoptimizer
+
+    from onnx_bisect.transforms.registry import _optimize_from_files
+    from tests.models import write_external_mlp
+
+    path = tmp_path / "mlp.onnx"
+    write_external_mlp(path, blocks=2)
+    model = onnx.load(str(path))
+    model.graph.node.insert(0, helper.make_node("Identity", ["x"], ["x_id"], name="id"))
+    model.graph.node[1].input[0] = "x_id"
+    passes = list(onnxoptimizer.get_fuse_and_elimination_passes())
+    direct = onnxoptimizer.optimize(model, passes)
+    via_files = _optimize_from_files(model, passes)
+    assert "Identity" not in {n.op_type for n in via_files.graph.node}  # it did optimize
+    assert [n.op_type for n in via_files.graph.node] == [n.op_type for n in direct.graph.node]
+    for a, b in zip(direct.graph.initializer, via_files.graph.initializer, strict=True):
+        np.testing.assert_array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))

@@ -8,13 +8,14 @@ deep tensor whose fp32 rounding has grown to 1e-4 does not flag that rounding.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from onnx_bisect.compare.metrics import blocks, norm_ratio
+from onnx_bisect.compare.metrics import blocks, dot, norm_ratio
 
 __all__ = ["Float64Values", "NoiseFloor", "fp32_noise"]
 
@@ -63,9 +64,17 @@ def fp32_noise(exact: npt.NDArray[Any], value: npt.NDArray[Any]) -> float | None
     if exact.shape != value.shape or not np.issubdtype(exact.dtype, np.floating):
         return None
     d2 = r2 = 0.0
-    for e, v in blocks(exact, value):
-        finite = np.isfinite(e) & np.isfinite(v)
-        e, v = e[finite], v[finite]
-        d = v - e
-        d2, r2 = d2 + float(np.dot(d, d)), r2 + float(np.dot(e, e))
+    flat, at = np.ravel(value), 0
+    for (e,) in blocks(exact):
+        # ``value`` (float32) is widened inside the subtraction, not copied to float64 first.
+        v, at = flat[at : at + e.size], at + e.size
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: left out below
+            d = np.subtract(v, e, dtype=np.float64)
+        dd, ee = dot(d, d), dot(e, e)
+        if not (math.isfinite(dd) and math.isfinite(ee)):
+            # Rare: only then pay for the mask and the copies it makes.
+            finite = np.isfinite(e) & np.isfinite(v)
+            e, d = e[finite], d[finite]
+            dd, ee = dot(d, d), dot(e, e)
+        d2, r2 = d2 + dd, r2 + ee
     return norm_ratio(d2, r2)

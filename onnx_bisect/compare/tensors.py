@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from onnx_bisect.compare.criterion import Comparison, Criterion, Status
-from onnx_bisect.compare.metrics import METRICS, MetricSums, blocks, norm_ratio
+from onnx_bisect.compare.metrics import METRICS, MetricSums, blocks, dot, norm_ratio
 from onnx_bisect.compare.precision import range_problem
 from onnx_bisect.text import plural
 
@@ -264,7 +264,7 @@ def _reference_off(
         e, r, t = e[keep], r[keep], t[keep]
         if not e.size:
             continue
-        ee, rr = ee + float(np.dot(e, e)), rr + float(np.dot(r, r))
+        ee, rr = ee + dot(e, e), rr + dot(r, r)
         er, et, rt = er + _sq(r - e), et + _sq(t - e), rt + _sq(t - r)
         peak = max(peak, float(np.max(np.abs(e))))
         worst = max(worst, float(np.max(np.abs(e - r))))
@@ -281,4 +281,4 @@ def _reference_off(
 
 
 def _sq(d: Array) -> float:
-    return float(np.dot(d, d))
+    return dot(d, d)

@@ -70,11 +70,15 @@ def chain_line(result: BisectResult, most: int = 6, name: Callable[[str], str] =
     big = ", ".join(f"{c.op_type} {c.node} ×{fmt(c.gain)}" for c in gains[:3] if (c.gain or 0) > 1)
     said = "; ".join(growth + ([f"largest gains: {big}"] if big else []))
     tail = f" ({said})" if said else ""
-    if len(chain) <= most:
-        return " → ".join(f"{c.op_type} {c.node} {c.shown}" for c in chain) + tail
-    between = plural(len(chain) - 2, "node")
+    stop = f"; it stops there: {last.stop}" if last.stop else ""
+    if len(chain) <= most and not any(c.folded for c in chain):
+        return " → ".join(f"{c.op_type} {c.node} {c.shown}" for c in chain) + tail + stop
+    folded = sum(c.folded for c in chain)
+    between = plural(len(chain) + folded - 2, "node")
+    if folded:
+        between += f", {folded} of them folded in report.json"
     path = f"{first.op_type} {first.node} {first.shown} → … ({between}) → "
-    return f"{path}{last.op_type} {last.node} {last.shown}{tail}"
+    return f"{path}{last.op_type} {last.node} {last.shown}{tail}{stop}"
 
 
 def curve_lines(result: BisectResult, width: int = 40) -> list[str]:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from onnx_bisect.report.escape import one_line
+from onnx_bisect.result import chain_positions
 from onnx_bisect.text import fmt, plural
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ def mermaid_lines(result: BisectResult) -> list[str]:
         shown.setdefault(fd.name, by_name[fd.name])
     chain = [c for c in result.chain if c.node in by_name]
     picked = _chain_positions(chain)
+    at = chain_positions(chain)  # in the whole chain, the folded links counted
     drawn = [(i, by_name[chain[i].node]) for i in picked]
     for _, n in drawn:
         shown.setdefault(n.name, n)
@@ -81,7 +83,8 @@ def mermaid_lines(result: BisectResult) -> list[str]:
     # Chain links drawn apart, with the links between them left out: a dotted hop.
     for (i, a), (j, b) in zip(drawn, drawn[1:], strict=False):
         if (a.index, b.index) not in edges:
-            between = f'|"{plural(j - i - 1, "node")}"|' if j - i > 1 else ""
+            gap = at[j] - at[i] - 1
+            between = f'|"{plural(gap, "node")}"|' if gap else ""
             lines.append(f"  n{a.index} -.->{between} n{b.index}")
     used = {_style(n) for n in nodes}
     lines += [f"  classDef {c} {s}" for c, s in _STYLES.items() if c in used]

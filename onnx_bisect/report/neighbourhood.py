@@ -14,6 +14,7 @@ from html import escape
 from typing import TYPE_CHECKING
 
 from onnx_bisect.report.format import fmt_error
+from onnx_bisect.result import chain_positions
 
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
@@ -50,7 +51,8 @@ def neighbourhood(result: BisectResult, hops: int = 3) -> Neighbourhood | None:
     if not centre:
         return None
     producers, consumers = _edges(result.nodes)
-    chain = [c.index for c in result.chain if c.index in by_index]
+    kept = [c for c in result.chain if c.index in by_index]
+    chain = [c.index for c in kept]
     kept_chain = _kept_chain(result, chain)
     picked: list[int] = list(dict.fromkeys(centre + kept_chain))
     ring = set(centre)
@@ -65,8 +67,9 @@ def neighbourhood(result: BisectResult, hops: int = 3) -> Neighbourhood | None:
     inside = set(chosen)
     edges = tuple((u, v) for v in chosen for u in producers.get(v, ()) if u in inside)
     drawn = [i for i in chain if i in inside]  # the rings may have picked links, too
+    at = dict(zip(chain, chain_positions(kept), strict=True))  # in the whole, folded chain
     skipped = tuple(
-        (a, b, chain.index(b) - chain.index(a) - 1)
+        (a, b, at[b] - at[a] - 1)
         for a, b in zip(drawn, drawn[1:], strict=False)
         if (a, b) not in edges
     )

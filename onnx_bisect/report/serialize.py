@@ -288,6 +288,8 @@ def to_dict(result: BisectResult) -> dict[str, Any]:
                 "index": c.index,
                 "rel_l2": _num(c.rel_l2),
                 "gain": _num(c.gain),
+                "folded": c.folded,
+                **({"stop": c.stop} if c.stop else {}),
             }
             for c in result.chain
         ],

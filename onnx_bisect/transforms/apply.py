@@ -24,6 +24,7 @@ from onnx_bisect.errors import (
 from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.save import save_for_child
 from onnx_bisect.graph.view import LoadedModel
+from onnx_bisect.graph.weights import read_model, with_loaded_weights
 from onnx_bisect.process import python_child_env
 from onnx_bisect.transforms.registry import (
     EXIT_SPEC,
@@ -95,7 +96,9 @@ def _in_child(
         if proc.returncode != 0:
             raise ModelLoadError(f"transform +{t.text} failed: {message}")
         notes = tuple(json.loads((out / "notes.json").read_text()))
-        return onnx.load(str(out / "model.onnx")), notes
+        # Read, not onnx.load: its weight files may be hard links (save_model), which
+        # onnx.load refuses; the temporary folder goes, so the weights are read now.
+        return with_loaded_weights(read_model(out / "model.onnx")), notes
 
 
 def _signal(number: int) -> str:

@@ -8,10 +8,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import onnx
+
 from onnx_bisect.errors import SpecError
 from onnx_bisect.graph.save import save_model
 from onnx_bisect.graph.weights import read_model, with_loaded_weights
 from onnx_bisect.transforms.registry import EXIT_FAILED, EXIT_SPEC, parse_transform, transform_kinds
+from onnx_bisect.transforms.validity import broken_by
 
 __all__ = ["main"]
 
@@ -21,9 +24,20 @@ def main(argv: Sequence[str]) -> int:
     src, out, text, shapes = argv
     try:
         parsed = parse_transform(text)
-        # Optimizers and converters read weights from the message.
-        model = with_loaded_weights(read_model(Path(src), own=True))
-        result, notes = transform_kinds()[parsed.name].apply(model, parsed.arg, json.loads(shapes))
+        kind = transform_kinds()[parsed.name]
+        # The weights stay on disk until the transform needs them, so that what onnx must
+        # serialize (shape inference, the optimizers' C++ cores) stays small past 2 GB.
+        located = read_model(Path(src), own=True)
+        model = located
+        if kind.infer_shapes:
+            model = onnx.shape_inference.infer_shapes(located)
+        if kind.reads_weights:
+            model = with_loaded_weights(model)
+        result, notes = kind.apply(model, parsed.arg, json.loads(shapes))
+        problem = broken_by(located, result)
+        if problem:
+            print(f"{kind.package} wrote an invalid model: {problem[:240]}", file=sys.stderr)
+            return EXIT_FAILED
         save_model(result, Path(out))
         (Path(out) / "notes.json").write_text(json.dumps(list(notes)))
     except SpecError as exc:

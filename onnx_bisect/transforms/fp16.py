@@ -16,8 +16,12 @@ _FLOAT, _FLOAT16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
 def fp16(model: onnx.ModelProto, arg: str | None, shapes: dict[str, Sequence[int]]) -> Any:
     from onnxconverter_common import float16
 
-    # keep_io_types: the inputs stay float32, so the same feeds serve both models.
-    converted = float16.convert_float_to_float16(model, keep_io_types=True)
+    # keep_io_types: the inputs stay float32, so the same feeds serve both models. The child
+    # inferred the shapes on the message without its weights (``infer_shapes`` in the
+    # registry): the converter's own inference serializes the whole model, past 2 GB in vain.
+    converted = float16.convert_float_to_float16(
+        model, keep_io_types=True, disable_shape_infer=True
+    )
     repaired = _repair_fp16_casts(converted)
     notes = (
         (f"repaired {repaired} Cast(to=FLOAT) output(s) the converter mislabelled as float16",)

@@ -26,6 +26,7 @@ from typing import Any
 import onnx
 
 from onnx_bisect.errors import SpecError
+from onnx_bisect.graph.sizes import model_bytes
 from onnx_bisect.transforms.fp16 import fp16
 
 __all__ = [
@@ -135,8 +136,27 @@ def _onnxoptimizer(
             f"see onnxoptimizer.get_available_passes()"
         )
     chosen = passes or list(onnxoptimizer.get_fuse_and_elimination_passes())
-    optimized = onnxoptimizer.optimize(model, chosen)
+    optimized = (
+        onnxoptimizer.optimize(model, chosen)
+        if model_bytes(model).fits
+        else _optimize_from_files(model, chosen)
+    )
     return optimized, (f"passes: {', '.join(chosen) if passes else 'fuse and elimination'}",)
+
+
+def _optimize_from_files(model: onnx.ModelProto, passes: Sequence[str]) -> onnx.ModelProto:
+    """onnxoptimizer past 2 GB: its own fallback to files runs on ValueError only, and
+    protobuf raises EncodeError there, so the files are written here (in the child)."""
+    import tempfile
+    from pathlib import Path
+
+    from onnxoptimizer import onnx_opt_cpp2py_export as cpp
+
+    with tempfile.TemporaryDirectory(prefix="onnx-bisect-onnxoptimizer-") as tmp:
+        src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
+        onnx.save_model(model, str(src), save_as_external_data=True, location="in.onnx.data")
+        cpp.optimize_from_path(str(src), str(dst), list(passes), "out.onnx.data")
+        return onnx.load(str(dst))
 
 
 def split_passes(arg: str | None) -> list[str]:
@@ -220,6 +240,12 @@ class TransformKind:
     passes: _Passes | None = None
     # ``PASS,PASS`` as the owning library's own call, for a workaround's "Python" form.
     python: Callable[[Sequence[str]], str] | None = None
+    # False: ``apply`` gets the model with its external weights located, not read (a version
+    # conversion reads no weight), so that a model over 2 GB stays a small message.
+    reads_weights: bool = True
+    # True: the child infers shapes before the weights are read and ``apply`` must not infer
+    # them itself (onnx serializes the message to infer, which fails past 2 GB).
+    infer_shapes: bool = False
 
 
 def _onnxoptimizer_call(passes: Sequence[str]) -> str:
@@ -228,9 +254,14 @@ def _onnxoptimizer_call(passes: Sequence[str]) -> str:
 
 TRANSFORMS: Mapping[str, TransformKind] = {
     "fp16": TransformKind(
-        "onnxconverter-common", fp16, summary="float16, float32 inputs and outputs"
+        "onnxconverter-common",
+        fp16,
+        summary="float16, float32 inputs and outputs",
+        infer_shapes=True,
     ),
-    "opset": TransformKind("onnx", _opset, "N", True, "onnx.version_converter to opset N"),
+    "opset": TransformKind(
+        "onnx", _opset, "N", True, "onnx.version_converter to opset N", reads_weights=False
+    ),
     "onnxoptimizer": TransformKind(
         "onnxoptimizer",
         _onnxoptimizer,
