@@ -600,12 +600,13 @@ def test_a_threshold_that_fell_back_is_said_next_to_the_verdict(
     """Where no float64 oracle can run (here: a weight limit of 0 bytes, as for a model over
     2 GB), the terminal's first lines say that the threshold fell back, and to what."""
     monkeypatch.setattr(float64, "FLOAT64_MAX_WEIGHTS", 0)
+    monkeypatch.setattr(float64, "FLOAT64_ORACLES", (("ref?dtype=float64", "ref"),))
     with pytest.raises(SystemExit) as exit_:
         bisect_entry([str(model), "-t", "cpu", "-o", str(tmp_path / "out")])
     assert exit_.value.code == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("No divergence"), lines
-    assert lines[1].startswith("warning: --threshold auto: no float64 values (not measured for")
+    assert lines[1].startswith("warning: --threshold auto: no float64 values (no float64 oracle")
     assert "fell back to rel_l2 > 1e-3" in " ".join(lines[1:3])
 
 

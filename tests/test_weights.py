@@ -426,13 +426,59 @@ def test_planted_fault_found_and_bundle_carries_its_weights(ext: Path, tmp_path:
 def test_float64_oracle_is_skipped_above_its_weight_limit(
     ext: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Above the limit only torch's oracle runs (it reads each external weight when a node
+    uses it); the reference evaluator's, which would hold them all in float64, does not."""
     monkeypatch.setattr(float64, "FLOAT64_MAX_WEIGHTS", 1000)
+    monkeypatch.setattr(float64, "FLOAT64_ORACLES", (("ref?dtype=float64", "ref"),))
     result = onnx_bisect.bisect(ext, target="cpu")
     assert result.verdict == "match"
     assert any(
-        n.startswith("--threshold auto: no float64 values (not measured for a model with 0.0 GB")
+        n.startswith(
+            "--threshold auto: no float64 values (no float64 oracle could run the model: "
+            "ref?dtype=float64: not run on 0.0 GB of weights"
+        )
         for n in result.notes
+    ), result.notes
+
+
+def test_lazy_external_weights_are_read_per_use_and_compute_the_same(
+    ext: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch = pytest.importorskip("torch")
+    from onnx_bisect.backends.torch import interpreter
+
+    loaded = load_model(ext).model
+    x = np.random.default_rng(0).standard_normal((1, 8)).astype(np.float32)
+    name = loaded.graph.input[0].name
+    eager = interpreter.Program(loaded.graph, {"": 18}, torch.device("cpu"), torch.float64)
+    monkeypatch.setattr(interpreter, "LAZY_EXTERNAL_BYTES", 0)
+    lazy = interpreter.Program(loaded.graph, {"": 18}, torch.device("cpu"), torch.float64)
+    assert not any(isinstance(v, interpreter._Lazy) for v in eager.constants.values())
+    held = [k for k, v in lazy.constants.items() if isinstance(v, interpreter._Lazy)]
+    assert held and len(held) == sum(
+        t.data_location == TensorProto.EXTERNAL for t in loaded.graph.initializer
     )
+    a = eager.run(eager.feed({name: x}))
+    b = lazy.run(lazy.feed({name: x}))
+    for out in a:
+        assert a[out] is not None and b[out] is not None
+        assert a[out].dtype == b[out].dtype == torch.float64
+        assert torch.equal(a[out], b[out])
+
+
+def test_the_torch_oracle_reads_external_weights_as_nodes_use_them(
+    ext: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above the limit the torch oracle still runs: each external weight is read when a node
+    reads it (lazy above LAZY_EXTERNAL_BYTES, here 0), and the verdicts are the same."""
+    pytest.importorskip("torch")
+    from onnx_bisect.backends.torch import interpreter
+
+    monkeypatch.setattr(float64, "FLOAT64_MAX_WEIGHTS", 1000)
+    monkeypatch.setattr(interpreter, "LAZY_EXTERNAL_BYTES", 0)
+    result = onnx_bisect.bisect(ext, target=_faulty_exec() + " --fault add1=0.05")
+    assert result.root_cause is not None and result.root_cause.nodes == ("add1",)
+    assert any(n.startswith("--threshold auto: float64 values from torch") for n in result.notes)
 
 
 def test_a_dump_of_an_external_model_serves_as_the_reference(ext: Path, tmp_path: Path) -> None:

@@ -69,7 +69,11 @@ class Program:
         self.outputs = [v.name for v in graph.output]
         self._declared = _declared_types(graph)
         base = OpContext(device, policy, 0, self._run_subgraph)
-        self.constants = {t.name: self._weights.get(t, base) for t in graph.initializer}
+        lazy = _external_bytes(graph) > LAZY_EXTERNAL_BYTES
+        self.constants: dict[str, torch.Tensor | _Lazy] = {
+            t.name: _Lazy(t) if lazy and _is_external(t) else self._weights.get(t, base)
+            for t in graph.initializer
+        }
         reads = [frozenset(referenced_names(node)) for node in graph.node]
         self.steps = [self._bind(graph.node[i], reads[i]) for i in _topological(graph, reads)]
         self._plans: dict[frozenset[str], dict[int, list[str]]] = {}  # last uses per `wanted`
@@ -119,7 +123,7 @@ class Program:
         step's index, operands and results as they are computed (the oracle's isolated
         precision floors recompute each node from them)."""
         wanted = list(self.outputs if wanted is None else wanted)
-        env: dict[str, torch.Tensor | None] = dict(outer or {})
+        env: dict[str, Any] = dict(outer or {})
         env.update(self.constants)
         env.update(feeds)
         env.update(known or {})
@@ -134,7 +138,7 @@ class Program:
                 if known and all(n in known for n in step.node.output if n):
                     continue
                 self._scope = env
-                operands = [env[n] if n else None for n in step.node.input]
+                operands = [self._operand(env[n], step.ctx) if n else None for n in step.node.input]
                 if self.rounding is not None:
                     operands = self.rounding.operands(step.node.op_type, operands)
                 results = _call(step, operands)
@@ -159,7 +163,13 @@ class Program:
         missing = [n for n in wanted if n not in env]
         if missing:
             raise BackendError(f"the graph does not compute {', '.join(missing[:5])}")
-        return {n: env[n] for n in wanted}
+        base = OpContext(self.device, self.policy, 0, self._run_subgraph)
+        return {n: self._operand(env[n], base) for n in wanted}
+
+    def _operand(self, value: Any, ctx: OpContext) -> torch.Tensor | None:
+        # A lazy weight is read and converted for this one use, then dropped with the
+        # operands: the run holds one such weight at a time, not all of them.
+        return self._weights.get(value.proto, ctx) if isinstance(value, _Lazy) else value
 
     def values(self) -> list[str]:
         """Every value the graph computes, in order."""
@@ -179,6 +189,37 @@ class Program:
         out = program.run(feeds, outer=scope)
         self._scope = scope  # the subgraph's run replaced it; the caller's node continues
         return [out[n] for n in program.outputs]
+
+
+# Above this many bytes of external weights a program converts each external weight when a
+# node reads it, not once up front: the float64 oracle on a model of several GB would
+# otherwise hold every weight twice over (float64), and it runs each model only a few times.
+LAZY_EXTERNAL_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class _Lazy:
+    """An external weight not yet read (``LAZY_EXTERNAL_BYTES``)."""
+
+    proto: onnx.TensorProto
+
+
+def _is_external(t: onnx.TensorProto) -> bool:
+    return t.data_location == onnx.TensorProto.EXTERNAL
+
+
+def _external_bytes(graph: onnx.GraphProto) -> int:
+    total = 0
+    for t in graph.initializer:
+        if _is_external(t):
+            length = next((int(e.value) for e in t.external_data if e.key == "length"), None)
+            if length is None:
+                count = 1
+                for d in t.dims:
+                    count *= d
+                length = count * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+            total += length
+    return total
 
 
 class WeightCache:

@@ -48,9 +48,10 @@ FLOAT64_ORACLES = (
     ("ref?dtype=float64", "ref"),
 )
 
-# Above this many bytes of weights the oracle is not run: it holds the weights in float64 and
-# in its fp32 twin (3× the model), beside the reference and the target (1× each), where a
-# diagnosis of a model over 2 GB should stay near 2× its weights.
+# Above this many bytes of weights only the torch oracle runs: it reads each external weight
+# when a node uses it (``backends/torch/interpreter.LAZY_EXTERNAL_BYTES``), where the reference
+# evaluator would hold every weight in float64 and in its fp32 twin (3× the model), beside the
+# reference and the target (1× each).
 FLOAT64_MAX_WEIGHTS = PROTO_LIMIT
 
 # Above this many bytes of weights held in the message the model is not written for the child:
@@ -86,15 +87,18 @@ def measure_float64(
     ``in_child=False`` keeps torch in this process: a dataset's worker measures one input after
     another, and one import of torch costs less than a fresh child's per input."""
     weights = model_bytes(session.loaded.model).weights
-    if weights > FLOAT64_MAX_WEIGHTS:
-        raise BackendError(
-            f"not measured for a model with {weights / 1e9:.1f} GB of weights, which float64 "
-            f"copies would double"
-        )
     why_not: list[str] = []
     for spec, twin in FLOAT64_ORACLES:
         if session.cancelled.is_set():
             raise Abandoned(spec)
+        if weights > FLOAT64_MAX_WEIGHTS and spec != ORACLE:
+            # torch reads each external weight when a node uses it (LAZY_EXTERNAL_BYTES);
+            # the reference evaluator would hold them all, upcast to float64.
+            why_not.append(
+                f"{spec}: not run on {weights / 1e9:.1f} GB of weights, which its float64 "
+                "copy would double"
+            )
+            continue
         try:
             if spec == ORACLE and in_child and _child_can_run(session):
                 measured = _in_child(session, names)
