@@ -4,6 +4,7 @@ bisected through the CLI against the float model."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +68,8 @@ def test_a_concat_of_a_unit_and_a_wide_branch_is_kept_in_float(tmp_path: Path) -
     assert rows["y"]["kind"] == "shared scale"
     assert rows["y"]["range_lost"] == ["scores"] and rows["y"]["shared_at"] == "head_concat"
     assert rows["scores"]["kind"] == "rounding"  # its own scale is fine
-    assert report["root_cause"]["nodes"] == ["y_QuantizeLinear", "y_DequantizeLinear"]  # type: ignore[index]
+    # Named as the float node whose output's quantization is at fault, not its Q/DQ nodes.
+    assert report["root_cause"]["nodes"] == ["head_concat"]  # type: ignore[index]
     sensitivity = quant["sensitivity"]  # type: ignore[index]
     assert sensitivity[0]["node"] == "head_concat"
     assert "nodes_to_exclude=['head_concat']" in output
@@ -117,6 +119,49 @@ def test_the_search_stops_at_its_budget_with_the_smallest_set_seen(
     monkeypatch.setattr(keep, "SEARCH_RUNS", 10_000)
     exact = keep._Trials(lambda s: 0.0 if {"n3", "n150"} <= set(s) else 1.0, 0.5)
     assert keep._search(nodes, [], exact) == (("n3", "n150"), "")
+
+
+def test_the_default_goal_names_the_node_that_stands_out_among_hundreds() -> None:
+    """The loss is one node's (n7) plus rounding spread over 300 nodes: keeping n7 in float
+    recovers most of it, so the answer is that node alone, not a set of hundreds."""
+    nodes = [f"n{i}" for i in range(300)]
+
+    def error(keep: object) -> float:
+        kept = set(keep)  # type: ignore[call-overload]
+        return (0.0 if "n7" in kept else 0.8) + 0.2 * (1 - len(kept) / 300)
+
+    trials = keep._Trials(error, math.inf)
+    found, note, sensitivity, goal = keep._relative(trials, nodes, [], 1.0, 0.0, "e")
+    assert found == ("n7",) and not note
+    assert sensitivity[0].node == "n7" and "80% of the quantization loss" in goal
+    assert trials.runs < 64
+
+
+def test_the_default_goal_calls_spread_rounding_within_quantization_error() -> None:
+    """Every node holds an equal share of the loss: no small set recovers it, so the verdict
+    is the model's quantization error, with the best small set and its measured effect."""
+    nodes = [f"n{i}" for i in range(300)]
+    trials = keep._Trials(lambda s: 1.0 - len(set(s)) / 300, math.inf)  # type: ignore[arg-type]
+    found, note, _, _ = keep._relative(trials, nodes, [], 1.0, 0.0, "e")
+    assert found == ()
+    assert note.startswith("within its quantization error")
+    best = [f"n{i}" for i in range(8)]
+    assert f"Best small set found: nodes_to_exclude={best!r}, e 1 -> 0.9733" in note
+
+
+def test_the_default_goal_finds_a_few_nodes_that_recover_the_loss_together() -> None:
+    """Four nodes each hold 22% of the loss: none stands out alone, the most sensitive ones
+    together meet the goal, and ddmin keeps the four."""
+    nodes = [f"n{i}" for i in range(300)]
+    four = {"n2", "n5", "n9", "n11"}
+
+    def error(kept: object) -> float:
+        k = set(kept)  # type: ignore[call-overload]
+        return 1.0 - 0.22 * len(k & four) - 0.12 * len(k - four) / 296
+
+    trials = keep._Trials(error, math.inf)
+    found, note, _, _ = keep._relative(trials, nodes, [], 1.0, 0.0, "e")
+    assert set(found) == four and not note
 
 
 @pytest.mark.parametrize("form", FORMS)
