@@ -5,15 +5,24 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper
 from typer.testing import CliRunner
 
+import onnx_bisect
+from onnx_bisect.backends.protocol import BackendBase, Tensors
+from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.cli import bisect_app
 from onnx_bisect.compare.quant import QParams, QuantKind, dequantize, quant_error, quantize
 from onnx_bisect.engine.quant import keep
+from onnx_bisect.result import Verdict
 from tests import quant_models as qm
 
 pytest.importorskip("onnxruntime.quantization")
@@ -177,3 +186,58 @@ def test_one_quantized_model_on_two_backends_runs(tmp_path: Path, form: str) -> 
     assert result.exit_code in (0, 1), result.output
     assert "Traceback" not in result.output
     assert json.loads((tmp_path / "out" / "report.json").read_text())["quantization"] is None
+
+
+class StepFault(BackendBase):
+    """ONNX Runtime's CPU, except that quantized node ``node`` writes ``steps`` quantization
+    steps more than it should (saturating): an integer kernel off by that much."""
+
+    def __init__(self, node: str, steps: int) -> None:
+        super().__init__(BackendSpec(text=f"stepfault({node}+{steps})", name="stepfault"))
+        self.node, self.steps = node, steps
+        self.inner = create_backend("cpu")
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, Any]) -> Tensors:
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        nodes: list[onnx.NodeProto] = []
+        for n in m.graph.node:
+            nodes.append(n)
+            if n.name != self.node:
+                continue
+            out = n.output[0]
+            n.output[0] = f"{out}__raw"
+            k = {"k": self.steps, "lo": 0, "hi": 255}
+            nodes += [helper.make_node("Constant", [], [f"{out}__{c}"], value=helper.make_tensor(
+                f"{out}__{c}", TensorProto.INT32, [], [v])) for c, v in k.items()]  # fmt: skip
+            nodes += [
+                helper.make_node("Cast", [f"{out}__raw"], [f"{out}__i"], to=TensorProto.INT32),
+                helper.make_node("Add", [f"{out}__i", f"{out}__k"], [f"{out}__a"]),
+                helper.make_node("Clip", [f"{out}__a", f"{out}__lo", f"{out}__hi"], [f"{out}__c"]),
+                helper.make_node("Cast", [f"{out}__c"], [out], to=TensorProto.UINT8),
+            ]
+        del m.graph.node[:]
+        m.graph.node.extend(nodes)
+        return self.inner.run(m, feeds)
+
+
+@pytest.mark.parametrize(("steps", "verdict"), [(1, Verdict.PRECISION), (4, Verdict.CULPRIT)])
+def test_one_int8_model_on_two_backends_compares_integers_in_real_units(
+    tmp_path: Path, steps: int, verdict: Verdict
+) -> None:
+    """A QOperator model against a backend whose QLinearSigmoid writes ``steps`` too many:
+    one step is two int8 kernels rounding apart (precision, no culprit); four is a kernel
+    bug, found at that node."""
+    _, dst = qm.quantized(qm.detector(), tmp_path, "qoperator")
+    result = onnx_bisect.bisect(
+        str(dst), target=StepFault("score_sigmoid_quant", steps), always_scan=True
+    )
+    by_name = {n.name: n.verdict for n in result.nodes}
+    assert by_name["score_sigmoid_quant"] is verdict
+    culprits = [n for n, v in by_name.items() if v is Verdict.CULPRIT]
+    if verdict is Verdict.CULPRIT:
+        assert result.root_cause is not None
+        assert result.root_cause.nodes == ("score_sigmoid_quant",)
+        assert culprits == ["score_sigmoid_quant"]
+    else:
+        assert not culprits
