@@ -64,6 +64,9 @@ class Criterion:
     # a tensor compares in real units, and a difference of one step (two int8 kernels
     # rounding a tie apart) is within precision, not a divergence.
     quantized: Mapping[str, QParams] | None = field(default=None, compare=False)
+    # How many steps apart such a tensor may be: one per integer kernel that rounded it (a
+    # window of nodes run together rounds once in each).
+    quant_steps: int = 1
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:

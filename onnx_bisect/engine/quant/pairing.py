@@ -83,6 +83,10 @@ def integer_steps(model: LoadedModel) -> dict[str, QParams]:
         p = qparams(model, q) if q.integer else None
         if p is not None:
             out[name] = p
+    # A DequantizeLinear's output holds the same grid in floats: as far apart in steps.
+    for n in model.nodes:
+        if n.op_type == "DequantizeLinear" and n.inputs and n.inputs[0] in out:
+            out[n.outputs[0]] = out[n.inputs[0]]
     return out
 
 
