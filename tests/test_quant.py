@@ -34,7 +34,7 @@ def _bisect(src: Path, dst: Path, out: Path) -> tuple[int, dict[str, object], st
     result = CliRunner().invoke(
         bisect_app,
         [str(src), "--target-model", str(dst), "--target", "cpu", "--out", str(out),
-         "--format", "md,json"],
+         "--format", "md,json,html"],
     )  # fmt: skip
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
     report = json.loads((out / "report.json").read_text())
@@ -86,6 +86,11 @@ def test_a_concat_of_a_unit_and_a_wide_branch_is_kept_in_float(tmp_path: Path) -
     assert md.index("## Quantization") < md.index("**Diverged.**")
     assert "`qdq.onnx` vs `float.onnx`" in md.splitlines()[0]
     assert "Report it" not in md
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert html.index("<h2>Quantization</h2>") < html.index("<h2>Nodes")
+    assert "nodes_to_exclude=[&#x27;head_concat&#x27;]" in html
+    assert "<title>onnx-bisect: qdq.onnx vs float.onnx on cpu</title>" in html
+    assert "<td>shared scale</td>" in html
 
 
 def test_rounding_alone_is_within_quantization_error(tmp_path: Path) -> None:
