@@ -101,6 +101,8 @@ def test_rounding_alone_is_within_quantization_error(tmp_path: Path) -> None:
     cause = report["root_cause"]
     assert cause["kind"] == "quantization" and not cause["nodes"]  # type: ignore[index]
     assert "within its quantization error" in cause["reason"]  # type: ignore[index]
+    keep_note = report["quantization"]["keep_in_float"]  # type: ignore[index]
+    assert keep_note["nodes"] == [] and keep_note["note"].startswith("within its quantization")
 
 
 def test_quantize_round_trip_and_floor() -> None:

@@ -206,7 +206,7 @@ def _relative(
         f"table or the verdicts, {len(standing)} of {len(sensitivity)} measured alone stand "
         f"out){_SPREAD if within else ''}"
     )
-    if shown:
+    if shown and effect < before:  # a set that lowers nothing is no help to show
         note += (
             f". Best small set found: nodes_to_exclude={list(shown)!r}, {goal_text} "
             f"{fmt(before)} -> {fmt(effect)}"
