@@ -169,9 +169,10 @@ def _relative(
     goal_text: str,
 ) -> tuple[tuple[str, ...], str, tuple[Sensitivity, ...], str]:
     """The default goal: recover RECOVER of the quantization loss (``before`` -> ``every``)
-    with at most SMALL_SET nodes, chosen among the nodes the per-tensor table flags and those
-    that alone recover STAND_OUT of it; else the model is within its quantization error, and
-    the best small set is said with its measured effect."""
+    with at most SMALL_SET nodes, chosen among the nodes the per-tensor table and the verdicts
+    flag with those that alone recover STAND_OUT of it, else among the most sensitive; when
+    no small set recovers WITHIN of it, the model is within its quantization error. Either
+    way short of the goal, the best small set is said with its measured effect."""
     loss = before - every
     trials.limit = every + (1.0 - RECOVER) * loss
     text = (
