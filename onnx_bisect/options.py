@@ -90,8 +90,9 @@ class BisectOptions:
     target_precision: str | None = None
     topk: Sequence[str | TopKSpec] = ()
     # A quantized target model: the worst output channel's rel_l2 (1 − top-1 agreement with
-    # ``topk``) the keep-in-float search must reach (engine/quant/keep.py).
-    quant_goal: float = 0.05
+    # ``topk``) the keep-in-float search must reach; None: recover most of the loss
+    # quantization causes with a few nodes (engine/quant/keep.py).
+    quant_goal: float | None = None
     unroll_max: int = 64
     # After a divergence: which optimizer passes of the target cause it (auto: divergences
     # only; on: failures too; off: never), and the pass names of an exec: runtime.
@@ -125,7 +126,7 @@ class BisectOptions:
         _flag("always_scan", self.always_scan)
         _flag("isolate_crashes", self.isolate_crashes, optional=True)
         self.topk_specs()
-        _number("quant_goal", self.quant_goal, positive=True)
+        _number("quant_goal", self.quant_goal, positive=True, optional=True)
         _whole("unroll_max", self.unroll_max, low=0)
         _choice("bisect_passes", self.bisect_passes, PASS_MODES)
         if self.target_precision is not None:

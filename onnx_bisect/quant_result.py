@@ -71,6 +71,11 @@ class KeepInFloat:
     note: str = ""
 
     @property
+    def within(self) -> bool:
+        """No small set recovers the loss: the model is within its quantization error."""
+        return not self.nodes and self.note.startswith("within its quantization error")
+
+    @property
     def nodes_to_exclude(self) -> str:
         return "nodes_to_exclude=[" + ", ".join(repr(n) for n in self.nodes) + "]"
 

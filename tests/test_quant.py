@@ -4,15 +4,25 @@ bisected through the CLI against the float model."""
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper
 from typer.testing import CliRunner
 
+import onnx_bisect
+from onnx_bisect.backends.protocol import BackendBase, Tensors
+from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.cli import bisect_app
 from onnx_bisect.compare.quant import QParams, QuantKind, dequantize, quant_error, quantize
 from onnx_bisect.engine.quant import keep
+from onnx_bisect.result import Verdict
 from tests import quant_models as qm
 
 pytest.importorskip("onnxruntime.quantization")
@@ -24,7 +34,7 @@ def _bisect(src: Path, dst: Path, out: Path) -> tuple[int, dict[str, object], st
     result = CliRunner().invoke(
         bisect_app,
         [str(src), "--target-model", str(dst), "--target", "cpu", "--out", str(out),
-         "--format", "md,json"],
+         "--format", "md,json,html"],
     )  # fmt: skip
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
     report = json.loads((out / "report.json").read_text())
@@ -67,7 +77,8 @@ def test_a_concat_of_a_unit_and_a_wide_branch_is_kept_in_float(tmp_path: Path) -
     assert rows["y"]["kind"] == "shared scale"
     assert rows["y"]["range_lost"] == ["scores"] and rows["y"]["shared_at"] == "head_concat"
     assert rows["scores"]["kind"] == "rounding"  # its own scale is fine
-    assert report["root_cause"]["nodes"] == ["y_QuantizeLinear", "y_DequantizeLinear"]  # type: ignore[index]
+    # Named as the float node whose output's quantization is at fault, not its Q/DQ nodes.
+    assert report["root_cause"]["nodes"] == ["head_concat"]  # type: ignore[index]
     sensitivity = quant["sensitivity"]  # type: ignore[index]
     assert sensitivity[0]["node"] == "head_concat"
     assert "nodes_to_exclude=['head_concat']" in output
@@ -75,6 +86,11 @@ def test_a_concat_of_a_unit_and_a_wide_branch_is_kept_in_float(tmp_path: Path) -
     assert md.index("## Quantization") < md.index("**Diverged.**")
     assert "`qdq.onnx` vs `float.onnx`" in md.splitlines()[0]
     assert "Report it" not in md
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert html.index("<h2>Quantization</h2>") < html.index("<h2>Nodes")
+    assert "nodes_to_exclude=[&#x27;head_concat&#x27;]" in html
+    assert "<title>onnx-bisect: qdq.onnx vs float.onnx on cpu</title>" in html
+    assert "<td>shared scale</td>" in html
 
 
 def test_rounding_alone_is_within_quantization_error(tmp_path: Path) -> None:
@@ -85,6 +101,8 @@ def test_rounding_alone_is_within_quantization_error(tmp_path: Path) -> None:
     cause = report["root_cause"]
     assert cause["kind"] == "quantization" and not cause["nodes"]  # type: ignore[index]
     assert "within its quantization error" in cause["reason"]  # type: ignore[index]
+    keep_note = report["quantization"]["keep_in_float"]  # type: ignore[index]
+    assert keep_note["nodes"] == [] and keep_note["note"].startswith("within its quantization")
 
 
 def test_quantize_round_trip_and_floor() -> None:
@@ -119,6 +137,49 @@ def test_the_search_stops_at_its_budget_with_the_smallest_set_seen(
     assert keep._search(nodes, [], exact) == (("n3", "n150"), "")
 
 
+def test_the_default_goal_names_the_node_that_stands_out_among_hundreds() -> None:
+    """The loss is one node's (n7) plus rounding spread over 300 nodes: keeping n7 in float
+    recovers most of it, so the answer is that node alone, not a set of hundreds."""
+    nodes = [f"n{i}" for i in range(300)]
+
+    def error(keep: object) -> float:
+        kept = set(keep)  # type: ignore[call-overload]
+        return (0.0 if "n7" in kept else 0.8) + 0.2 * (1 - len(kept) / 300)
+
+    trials = keep._Trials(error, math.inf)
+    found, note, sensitivity, goal = keep._relative(trials, nodes, [], 1.0, 0.0, "e")
+    assert found == ("n7",) and not note
+    assert sensitivity[0].node == "n7" and "80% of the quantization loss" in goal
+    assert trials.runs < 64
+
+
+def test_the_default_goal_calls_spread_rounding_within_quantization_error() -> None:
+    """Every node holds an equal share of the loss: no small set recovers it, so the verdict
+    is the model's quantization error, with the best small set and its measured effect."""
+    nodes = [f"n{i}" for i in range(300)]
+    trials = keep._Trials(lambda s: 1.0 - len(set(s)) / 300, math.inf)  # type: ignore[arg-type]
+    found, note, _, _ = keep._relative(trials, nodes, [], 1.0, 0.0, "e")
+    assert found == ()
+    assert note.startswith("within its quantization error")
+    best = [f"n{i}" for i in range(8)]
+    assert f"Best small set found: nodes_to_exclude={best!r}, e 1 -> 0.9733" in note
+
+
+def test_the_default_goal_finds_a_few_nodes_that_recover_the_loss_together() -> None:
+    """Four nodes each hold 22% of the loss: none stands out alone, the most sensitive ones
+    together meet the goal, and ddmin keeps the four."""
+    nodes = [f"n{i}" for i in range(300)]
+    four = {"n2", "n5", "n9", "n11"}
+
+    def error(kept: object) -> float:
+        k = set(kept)  # type: ignore[call-overload]
+        return 1.0 - 0.22 * len(k & four) - 0.12 * len(k - four) / 296
+
+    trials = keep._Trials(error, math.inf)
+    found, note, _, _ = keep._relative(trials, nodes, [], 1.0, 0.0, "e")
+    assert set(found) == four and not note
+
+
 @pytest.mark.parametrize("form", FORMS)
 def test_one_quantized_model_on_two_backends_runs(tmp_path: Path, form: str) -> None:
     """An int8 model run by ONNX Runtime with and without its graph optimizations (which fuse
@@ -132,3 +193,58 @@ def test_one_quantized_model_on_two_backends_runs(tmp_path: Path, form: str) -> 
     assert result.exit_code in (0, 1), result.output
     assert "Traceback" not in result.output
     assert json.loads((tmp_path / "out" / "report.json").read_text())["quantization"] is None
+
+
+class StepFault(BackendBase):
+    """ONNX Runtime's CPU, except that quantized node ``node`` writes ``steps`` quantization
+    steps more than it should (saturating): an integer kernel off by that much."""
+
+    def __init__(self, node: str, steps: int) -> None:
+        super().__init__(BackendSpec(text=f"stepfault({node}+{steps})", name="stepfault"))
+        self.node, self.steps = node, steps
+        self.inner = create_backend("cpu")
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, Any]) -> Tensors:
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        nodes: list[onnx.NodeProto] = []
+        for n in m.graph.node:
+            nodes.append(n)
+            if n.name != self.node:
+                continue
+            out = n.output[0]
+            n.output[0] = f"{out}__raw"
+            k = {"k": self.steps, "lo": 0, "hi": 255}
+            nodes += [helper.make_node("Constant", [], [f"{out}__{c}"], value=helper.make_tensor(
+                f"{out}__{c}", TensorProto.INT32, [], [v])) for c, v in k.items()]  # fmt: skip
+            nodes += [
+                helper.make_node("Cast", [f"{out}__raw"], [f"{out}__i"], to=TensorProto.INT32),
+                helper.make_node("Add", [f"{out}__i", f"{out}__k"], [f"{out}__a"]),
+                helper.make_node("Clip", [f"{out}__a", f"{out}__lo", f"{out}__hi"], [f"{out}__c"]),
+                helper.make_node("Cast", [f"{out}__c"], [out], to=TensorProto.UINT8),
+            ]
+        del m.graph.node[:]
+        m.graph.node.extend(nodes)
+        return self.inner.run(m, feeds)
+
+
+@pytest.mark.parametrize(("steps", "verdict"), [(1, Verdict.PRECISION), (4, Verdict.CULPRIT)])
+def test_one_int8_model_on_two_backends_compares_integers_in_real_units(
+    tmp_path: Path, steps: int, verdict: Verdict
+) -> None:
+    """A QOperator model against a backend whose QLinearSigmoid writes ``steps`` too many:
+    one step is two int8 kernels rounding apart (precision, no culprit); four is a kernel
+    bug, found at that node."""
+    _, dst = qm.quantized(qm.detector(), tmp_path, "qoperator")
+    result = onnx_bisect.bisect(
+        str(dst), target=StepFault("score_sigmoid_quant", steps), always_scan=True
+    )
+    by_name = {n.name: n.verdict for n in result.nodes}
+    assert by_name["score_sigmoid_quant"] is verdict
+    culprits = [n for n, v in by_name.items() if v is Verdict.CULPRIT]
+    if verdict is Verdict.CULPRIT:
+        assert result.root_cause is not None
+        assert result.root_cause.nodes == ("score_sigmoid_quant",)
+        assert culprits == ["score_sigmoid_quant"]
+    else:
+        assert not culprits

@@ -12,6 +12,7 @@ import numpy.typing as npt
 
 from onnx_bisect.compare.metrics import METRICS
 from onnx_bisect.compare.precision import PrecisionFloors
+from onnx_bisect.compare.quant import QParams
 from onnx_bisect.text import fmt
 
 __all__ = ["Comparison", "Criterion", "NOISE_EPS", "NOISE_K", "Status"]
@@ -59,6 +60,13 @@ class Criterion:
     # --threshold auto: an error whose max_abs is at most this × the tensor's own peak
     # |reference| is not significant (a sigmoid tail off by 4e-7 on a probability map).
     significance: float = 0.0
+    # One quantized model on two backends: each integer tensor's scale and zero point. Such
+    # a tensor compares in real units, and a difference of one step (two int8 kernels
+    # rounding a tie apart) is within precision, not a divergence.
+    quantized: Mapping[str, QParams] | None = field(default=None, compare=False)
+    # How many steps apart such a tensor may be: one per integer kernel that rounded it (a
+    # window of nodes run together rounds once in each).
+    quant_steps: int = 1
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:

@@ -25,8 +25,10 @@ __all__ = [
     "QParams",
     "QuantError",
     "QuantKind",
+    "channel_errors",
     "channel_rel_l2",
     "dequantize",
+    "mean_channel_rel_l2",
     "quant_error",
     "quantize",
 ]
@@ -165,18 +167,32 @@ def quant_error(x: npt.NDArray[Any], p: QParams) -> QuantError:
 def channel_rel_l2(ref: npt.NDArray[Any], target: npt.NDArray[Any]) -> float:
     """The worst rel_l2 over an output's channels (axis 1): a detector's class scores lost
     under its boxes' scale leave the whole output's rel_l2 small (YOLOv8n: 0.015 with every
-    score zeroed), not their channels'. A channel of zeros is measured against a millionth of
-    the output's typical channel norm."""
+    score zeroed), not their channels'."""
+    errors = channel_errors(ref, target)
+    return float(np.max(errors)) if errors.size else 0.0
+
+
+def mean_channel_rel_l2(ref: npt.NDArray[Any], target: npt.NDArray[Any]) -> float:
+    """The mean over an output's channels of each one's rel_l2, capped at 1 (a channel lost
+    altogether): how much of the output quantization took, each channel on its own scale, so
+    that a few channels of tiny values rounded coarsely by design do not outweigh the rest."""
+    errors = channel_errors(ref, target)
+    return float(np.mean(np.minimum(errors, 1.0))) if errors.size else 0.0
+
+
+def channel_errors(ref: npt.NDArray[Any], target: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
+    """Each channel's (axis 1) rel_l2; inf everywhere when the shapes differ. A channel of
+    zeros is measured against a millionth of the output's typical channel norm."""
     r = np.asarray(ref, dtype=np.float64)
     t = np.asarray(target, dtype=np.float64)
     if r.shape != t.shape:
-        return math.inf
+        return np.array([math.inf])
     if r.ndim < 2:
         r, t = r.reshape(1, -1), t.reshape(1, -1)
     r2 = np.moveaxis(r, 1, 0).reshape(r.shape[1], -1)
     t2 = np.moveaxis(t, 1, 0).reshape(t.shape[1], -1)
     err = np.linalg.norm(r2 - t2, axis=1)
     norm = np.linalg.norm(r2, axis=1)
-    typical = float(np.linalg.norm(r2)) / math.sqrt(r2.shape[0])
+    typical = float(np.linalg.norm(r2)) / math.sqrt(r2.shape[0]) if r2.size else 0.0
     denom = np.maximum(norm, max(1e-6 * typical, np.finfo(np.float64).tiny))
-    return float(np.max(err / denom)) if err.size else 0.0
+    return np.asarray(err / denom, dtype=np.float64)

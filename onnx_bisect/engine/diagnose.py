@@ -32,12 +32,14 @@ from onnx_bisect.engine.precision import (
     unasked_precision,
     unasked_precision_cause,
 )
+from onnx_bisect.engine.quant.pairing import integer_steps
 from onnx_bisect.engine.recorded import run_feeds
 from onnx_bisect.engine.search.failure import failure_search
 from onnx_bisect.engine.session import Feeds, Session, Setup, StageTimer
 from onnx_bisect.engine.strategies import STRATEGIES, choose
 from onnx_bisect.errors import BackendError, InputError
 from onnx_bisect.graph.load import load_model
+from onnx_bisect.graph.qdq import is_quantized
 from onnx_bisect.graph.sizes import fix_input_shapes, model_bytes, tensor_nbytes
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.inputs.feeds import input_specs, validate_feeds
@@ -158,6 +160,8 @@ def open_session(
     )
     memory.require(factor=2 if options.auto_threshold else 1)
     crit = options.criterion()
+    if setup.target_model is None and is_quantized(loaded):
+        crit = replace(crit, quantized=integer_steps(loaded))
     session = Session(
         setup, feeds, crit, sizes, scratch, memory, timer=timer, notes=list(setup.notes)
     )
@@ -192,7 +196,7 @@ def _auto_criterion(
     if float64 is None:
         return replace(crit, abs_floor=FALLBACK_ABS_FLOOR)
     floors = NoiseFloor(float64.values, float64.oracle_noise)
-    crit = session.options.noise_criterion(floors, floors.truth)
+    crit = replace(session.options.noise_criterion(floors, floors.truth), quantized=crit.quantized)
     target = session.setup.target_precision
     if target.lowered and float64.precision_isolated:
         lowered = PrecisionFloors(

@@ -91,6 +91,8 @@ def _verdict(
     compared = [c for c in (acc, iso) if c is not None]
     if crit.floors is not None and any(c.within_precision or c.diverged for c in compared):
         return Verdict.PRECISION
+    if any(c.within_precision for c in compared):  # integers one quantization step apart
+        return Verdict.PRECISION
     return Verdict.OK
 
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import math
 from html import escape
 from importlib.resources import files
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onnx_bisect.report.escape import shell
 from onnx_bisect.report.format import chain_line, first_divergence_phrase, fmt_error, search_line
 from onnx_bisect.report.neighbourhood import MAX_NODES, neighbourhood, neighbourhood_svg
 from onnx_bisect.report.plots import PLOTS_HINT, curve_svg
+from onnx_bisect.report.quant import quant_html
 from onnx_bisect.result import (
     nonfinite_origin,
     nonfinite_phrase,
@@ -41,11 +43,15 @@ def _asset(name: str) -> str:
 
 def render_html(result: BisectResult) -> str:
     title = f"onnx-bisect: {result.target.spec} vs {result.ref.spec}"
+    if result.target_model:  # two models: name both (the backends may be the same)
+        sides = f"{Path(result.target_model).name} vs {Path(result.model).name}"
+        title = f"onnx-bisect: {sides} on {result.target.spec}"
     body = [
         f"<h1>{escape(title)}</h1>",
         f'<p class="sub path">{escape(result.model)}'
         + (f" (the target runs {escape(result.target_model)})" if result.target_model else "")
         + "</p>",
+        *(quant_html(result.quant) if result.quant is not None else []),
         *_summary(result),
         *_curve(result),
         *_graph(result),

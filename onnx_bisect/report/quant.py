@@ -1,13 +1,16 @@
-"""The quantization section of report.md: the keep-in-float answer, the per-node sensitivity
-and the per-tensor table, first, since they are what a quantized model's user came for."""
+"""The quantization section of report.md and report.html: the keep-in-float answer, the
+per-node sensitivity and the per-tensor table, first, since they are what a quantized model's
+user came for."""
 
 from __future__ import annotations
 
-from onnx_bisect.quant_result import QuantReport
+from html import escape
+
+from onnx_bisect.quant_result import QuantReport, QuantRow
 from onnx_bisect.report.escape import cell, code
 from onnx_bisect.text import fmt
 
-__all__ = ["quant_markdown"]
+__all__ = ["quant_html", "quant_markdown"]
 
 ROWS = 12  # table rows shown; report.json has them all
 
@@ -47,8 +50,59 @@ def quant_markdown(q: QuantReport) -> list[str]:
             e = r.error
             shared = f"{', '.join(code(x) for x in r.shared_with)} at {code(r.shared_at)}"
             out.append(
-                f"| {code(r.tensor)} | {e.kind.value} | {cell(r.scale)} | {fmt(e.rel_l2)} | "
+                f"| {code(r.tensor)} | {r.kind.value} | {cell(r.scale)} | {fmt(e.rel_l2)} | "
                 f"{fmt(e.floor)} | {e.sqnr_db:.1f} | {e.clipped:.1%} | {e.levels:.1f} | "
                 f"{shared if r.shared_with else ''} |"
             )
     return out
+
+
+_HEAD = ("tensor", "kind", "scale", "rel_l2", "rounding floor", "SQNR dB", "clipped", "steps",
+         "shared scale")  # fmt: skip
+
+
+def quant_html(q: QuantReport) -> list[str]:
+    """The same section for report.html: the answer, the sensitivity, the flagged tensors
+    first in the per-tensor table."""
+    out = ["<h2>Quantization</h2>"]
+    k = q.keep
+    if k is not None and k.nodes:
+        state = "verified by a run of the patched model" if k.verified else "NOT verified"
+        out += [
+            f"<p><strong>Keep in float</strong> ({state}; {k.runs} runs): {escape(k.goal)}: "
+            f"{fmt(k.before)} → {fmt(k.after)}</p>",
+            f"<pre><code>quantize_static(..., {escape(k.nodes_to_exclude)})</code></pre>",
+        ]
+        if k.model_path:
+            out.append(
+                f'<p>The patched model: <span class="mono">{escape(k.model_path)}</span></p>'
+            )
+    if k is not None and k.note:
+        out.append(f"<p>{escape(k.note)}</p>")
+    out.append(f'<p class="sub">{escape(q.pairing_summary())}</p>')
+    if q.sensitivity:
+        out += [
+            "<h3>Sensitivity (the goal's number with only that node in float)</h3>",
+            "<table><thead><tr><th>node</th><th>error</th></tr></thead><tbody>",
+            *(
+                f'<tr><td class="mono">{escape(s.node)}</td><td>{fmt(s.error)}</td></tr>'
+                for s in q.sensitivity[:ROWS]
+            ),
+            "</tbody></table>",
+        ]
+    if q.rows:
+        out += [
+            "<h3>Quantized tensors (round trip on the float model's values)</h3>",
+            "<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in _HEAD) + "</tr></thead><tbody>",
+            *(_html_row(r) for r in q.rows[:ROWS]),
+            "</tbody></table>",
+        ]
+    return out
+
+
+def _html_row(r: QuantRow) -> str:
+    e = r.error
+    shared = f"{', '.join(r.shared_with)} at {r.shared_at}" if r.shared_with else ""
+    cells = (r.tensor, r.kind.value, r.scale, fmt(e.rel_l2), fmt(e.floor), f"{e.sqnr_db:.1f}",
+             f"{e.clipped:.1%}", f"{e.levels:.1f}", shared)  # fmt: skip
+    return "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>"

@@ -4,7 +4,7 @@ every target tensor -> the float model's, by name and by quantization rule)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -12,11 +12,12 @@ from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.quant.keep import search_keep_in_float
 from onnx_bisect.engine.quant.pairing import QuantPairing
 from onnx_bisect.engine.quant.table import quant_rows, weight_floors
-from onnx_bisect.engine.quant.verdicts import quant_cause, requalify
+from onnx_bisect.engine.quant.verdicts import ACQUITTED, quant_cause, requalify
 from onnx_bisect.engine.session import Session
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.quant_result import KeepInFloat, QuantReport, QuantRow, Sensitivity
-from onnx_bisect.result import NodeResult, RootCause
+from onnx_bisect.result import NodeResult, RootCause, Verdict
+from onnx_bisect.text import fmt
 
 __all__ = ["KEEP_MODEL", "QuantConclusion", "conclude"]
 
@@ -44,7 +45,7 @@ def conclude(
 ) -> QuantConclusion:
     rows = quant_rows(target, pairing, pairs, view)
     judged = tuple(requalify(nodes, pairs, rows, weight_floors(target)))
-    new_cause = quant_cause(judged, cause, rows) if diverged or cause else cause
+    named = _float_nodes(target)
     keep: KeepInFloat | None = None
     sensitivity: tuple[Sensitivity, ...] = ()
     if diverged:
@@ -53,12 +54,74 @@ def conclude(
             folder = Path(session.options.repro)
             folder.mkdir(parents=True, exist_ok=True)
             path = str(folder / KEEP_MODEL)
-        keep, sensitivity = search_keep_in_float(session, target, path, _suspects(target, rows))
+        flagged = [*_suspects(target, rows), *_culprits(judged, named)]
+        ranked = _ranked(judged, named)
+        keep, sensitivity = search_keep_in_float(session, target, path, flagged, ranked)
         if keep is not None and keep.model_path:  # as the published --out folder has it
             shown = f"{Path(keep.model_path).parent.name}/{KEEP_MODEL}"
             keep = replace(keep, model_path=shown)
+        if keep is not None and keep.within:
+            judged = tuple(_acquit(judged, named, sensitivity, keep.before))
+    new_cause = quant_cause(judged, cause, rows, named) if diverged or cause else cause
     report = QuantReport(pairing.rule_counts, pairing.unpaired, rows, keep, sensitivity)
     return QuantConclusion(judged, new_cause, report)
+
+
+def _acquit(
+    nodes: Sequence[NodeResult],
+    named: Mapping[str, str],
+    sensitivity: Sequence[Sensitivity],
+    before: float,
+) -> Iterator[NodeResult]:
+    """With the model within its quantization error, a quantization culprit whose node kept
+    in float was measured not to lower the output error is rounding after all: its isolated
+    excess over the predicted floor (a Conv whose output cancels, so its weights' and inputs'
+    rounding weigh more than their norms say) does not reach the outputs."""
+    measured = {s.node: s.error for s in sensitivity}
+    for n in nodes:
+        error = measured.get(named.get(n.name, n.name))
+        quantized = n.verdict is Verdict.CULPRIT and n.note.startswith("quantization")
+        if quantized and error is not None:
+            note = f"{n.note}; {ACQUITTED} ({fmt(before)} -> {fmt(error)}): rounding, as designed"
+            yield replace(n, verdict=Verdict.PRECISION, note=note)
+        else:
+            yield n
+
+
+def _culprits(nodes: Sequence[NodeResult], named: Mapping[str, str]) -> list[str]:
+    """The float nodes behind the culprits: quantized more coarsely than rounding predicts."""
+    found = (named.get(n.name, n.name) for n in nodes if n.verdict is Verdict.CULPRIT)
+    return list(dict.fromkeys(found))
+
+
+def _ranked(nodes: Sequence[NodeResult], named: Mapping[str, str]) -> list[str]:
+    """Float nodes by the most error one of them, or one of its Q/DQ nodes, adds fed the
+    reference's values (isolated rel_l2), most first: the order to measure sensitivity in."""
+    worst: dict[str, float] = {}
+    for n in nodes:
+        iso = n.isolated.metrics.get("rel_l2", 0.0) if n.isolated is not None else 0.0
+        iso = iso if iso == iso else 0.0
+        at = named.get(n.name, n.name)
+        worst[at] = max(worst.get(at, 0.0), iso)
+    return sorted(worst, key=lambda k: -worst[k])
+
+
+_QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
+
+
+def _float_nodes(target: LoadedModel) -> dict[str, str]:
+    """Each QuantizeLinear/DequantizeLinear -> the float node whose output it quantizes (back
+    through the Q/DQ chain): the node to name, and to keep in float."""
+    out: dict[str, str] = {}
+    for n in target.nodes:
+        if n.op_type not in _QDQ:
+            continue
+        at = n
+        while at.op_type in _QDQ and at.inputs and at.inputs[0] in target.producer:
+            at = target.producer[at.inputs[0]]
+        if at.op_type not in _QDQ:
+            out[n.name] = at.name
+    return out
 
 
 def _suspects(target: LoadedModel, rows: Sequence[QuantRow]) -> list[str]:

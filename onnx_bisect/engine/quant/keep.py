@@ -12,7 +12,7 @@ from typing import Any
 import numpy.typing as npt
 import onnx
 
-from onnx_bisect.compare.quant import channel_rel_l2
+from onnx_bisect.compare.quant import channel_rel_l2, mean_channel_rel_l2
 from onnx_bisect.compare.topk import topk_checks
 from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.passes.search import find_guilty
@@ -21,15 +21,23 @@ from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.unquantize import is_qdq, keep_in_float, quantized_nodes
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
 from onnx_bisect.quant_result import KeepInFloat, Sensitivity
-from onnx_bisect.text import plural
+from onnx_bisect.text import fmt, plural
 
-__all__ = ["DEFAULT_QUANT_GOAL", "search_keep_in_float"]
+__all__ = ["RECOVER", "search_keep_in_float"]
 
 log = logging.getLogger(__name__)
 
-# The worst output channel's rel_l2 a quantized model may keep (int8 rounding of a
-# well-scaled network's outputs is ~1e-2).
-DEFAULT_QUANT_GOAL = 0.05
+# Without --quant-goal the goal is relative to the model's own quantization loss: keep in
+# float the few nodes that recover this share of it (the mean output channel's rel_l2 between
+# the quantized model and the same model all in float). What rounding spreads over the whole
+# network no small set recovers: that model is within its quantization error.
+RECOVER = 0.8
+# A node stands out when keeping it alone in float recovers this share of the loss.
+STAND_OUT = 0.25
+# What a small set must recover for the loss to be more than the network's rounding.
+WITHIN = 0.5
+# The most nodes an answer may name: more is the network's rounding, not a few nodes' fault.
+SMALL_SET = 8
 # Runs the ddmin may spend (each builds a session of the whole model) before the smallest set
 # seen to meet the goal is taken.
 SEARCH_RUNS = 64
@@ -68,11 +76,16 @@ class _Trials:
 
 
 def search_keep_in_float(
-    session: Session, target: LoadedModel, model_path: str | None, suspects: Sequence[str] = ()
+    session: Session,
+    target: LoadedModel,
+    model_path: str | None,
+    suspects: Sequence[str] = (),
+    ranked: Sequence[str] = (),
 ) -> tuple[KeepInFloat | None, tuple[Sensitivity, ...]]:
-    """The keep-in-float set and the per-node sensitivity, most sensitive first (``suspects``
-    measured first); None when the model has no quantized node (QOperator and dynamic forms:
-    the search needs QDQ)."""
+    """The keep-in-float set and the per-node sensitivity, most sensitive first (``suspects``,
+    what the per-tensor table and the verdicts flag, measured first, then ``ranked``, then the
+    rest in graph order); None when the model has no quantized node (QOperator and dynamic
+    forms: the search needs QDQ)."""
     candidates = quantized_nodes(target)
     if not candidates or not is_qdq(target):
         return None, ()
@@ -82,7 +95,6 @@ def search_keep_in_float(
     weights = _float_weights(ref_model, target, candidates)
     dropped = _dropped_activations(ref_model, target)
     measure, goal_text = _goal(session, ref_out)
-    limit = session.options.quant_goal
 
     def run(keep: Collection[str]) -> float:
         model = keep_in_float(target, keep, weights, dropped)
@@ -96,33 +108,114 @@ def search_keep_in_float(
         log.info("%d node(s) in float: %s %.4g", len(keep), goal_text, value)
         return value
 
-    trials = _Trials(run, limit)
+    goal = session.options.quant_goal
+    trials = _Trials(run, goal if goal is not None else float("inf"))
+    suspects = [n for n in suspects if n in candidates]
+    order = [n for n in dict.fromkeys([*suspects, *ranked, *candidates]) if n in candidates]
     with session.timer.stage("keep in float"):
         before, every = trials.error(()), trials.error(candidates)
-        keep: tuple[str, ...] = ()
-        note = ""
-        if before <= limit:
-            note = f"the quantized model meets the goal ({goal_text} ≤ {limit:g}) as it is"
-        elif every > limit:
-            note = (
-                f"even with every quantized node in float the goal is missed ({goal_text} "
-                f"{every:.3g} > {limit:g}): the models differ by more than quantization"
+        if goal is None:
+            keep, note, sensitivity, goal_text = _relative(
+                trials, order, suspects, before, every, goal_text
             )
         else:
-            keep, note = _search(candidates, [n for n in suspects if n in candidates], trials)
+            keep, note = _absolute(trials, candidates, suspects, before, every, goal_text)
+            order = [n for n in dict.fromkeys([*keep, *order])]
+            sensitivity = _sensitivity(trials, order)
+            goal_text = f"{goal_text} ≤ {goal:g}"
         trials.budget = None
         after = trials.error(keep) if keep else before
         path = ""
         if keep and model_path:
             onnx.save(keep_in_float(target, keep, weights, dropped), model_path)
             path = model_path
-        order = [n for n in dict.fromkeys([*keep, *suspects, *candidates]) if n in candidates]
-        measured = (Sensitivity(n, trials.error({n})) for n in order[:SENSITIVITY_MAX])
-        sensitivity = tuple(sorted(measured, key=lambda s: s.error))
     found = KeepInFloat(
-        keep, f"{goal_text} ≤ {limit:g}", before, after, after <= limit, trials.runs, path, note
+        keep, goal_text, before, after, after <= trials.limit, trials.runs, path, note
     )
     return found, sensitivity
+
+
+def _sensitivity(trials: _Trials, order: Sequence[str]) -> tuple[Sensitivity, ...]:
+    measured = (Sensitivity(n, trials.error({n})) for n in order[:SENSITIVITY_MAX])
+    return tuple(sorted(measured, key=lambda s: s.error))
+
+
+def _absolute(
+    trials: _Trials,
+    candidates: Sequence[str],
+    suspects: Sequence[str],
+    before: float,
+    every: float,
+    goal_text: str,
+) -> tuple[tuple[str, ...], str]:
+    """The user's --quant-goal: ddmin over every quantized node, flagged ones first."""
+    limit = trials.limit
+    if before <= limit:
+        return (), f"the quantized model meets the goal ({goal_text} ≤ {limit:g}) as it is"
+    if every > limit:
+        return (), (
+            f"even with every quantized node in float the goal is missed ({goal_text} "
+            f"{every:.3g} > {limit:g}): the models differ by more than quantization"
+        )
+    return _search(candidates, suspects, trials)
+
+
+def _relative(
+    trials: _Trials,
+    order: Sequence[str],
+    suspects: Sequence[str],
+    before: float,
+    every: float,
+    goal_text: str,
+) -> tuple[tuple[str, ...], str, tuple[Sensitivity, ...], str]:
+    """The default goal: recover RECOVER of the quantization loss (``before`` -> ``every``)
+    with at most SMALL_SET nodes, chosen among the nodes the per-tensor table and the verdicts
+    flag with those that alone recover STAND_OUT of it, else among the most sensitive; when
+    no small set recovers WITHIN of it, the model is within its quantization error. Either
+    way short of the goal, the best small set is said with its measured effect."""
+    loss = before - every
+    trials.limit = every + (1.0 - RECOVER) * loss
+    text = (
+        f"{goal_text} ≤ {fmt(trials.limit)} ({RECOVER:.0%} of the quantization loss "
+        f"recovered: {fmt(before)} quantized, {fmt(every)} all in float)"
+    )
+    if not loss > 0.0:
+        note = (
+            f"keeping every quantized node in float does not lower the {goal_text} "
+            f"({fmt(before)} -> {fmt(every)}): the models differ by more than quantization"
+        )
+        return (), note, (), text
+    sensitivity = _sensitivity(trials, order)
+    standing = [s.node for s in sensitivity if before - s.error >= STAND_OUT * loss]
+    helpful = [s.node for s in sensitivity[:SMALL_SET] if s.error < before]
+    tried: list[tuple[float, tuple[str, ...]]] = [(s.error, (s.node,)) for s in sensitivity[:1]]
+    # The flagged and standing-out nodes first, then the most sensitive ones together.
+    for pool in dict.fromkeys([tuple(dict.fromkeys([*suspects, *standing])), tuple(helpful)]):
+        if not pool:
+            continue
+        if trials.meets(pool):
+            keep, note = _search(pool, pool, trials)
+            if len(keep) <= SMALL_SET:
+                return keep, note, sensitivity, text
+        tried.append((trials.error(pool[:SMALL_SET]), pool[:SMALL_SET]))
+    effect, shown = min(tried, default=(before, ()))
+    # No small set recovers half the loss: the rounding is spread over the network.
+    within = before - effect < WITHIN * loss
+    note = (
+        f"{'within its quantization error: ' if within else ''}no set of at most {SMALL_SET} "
+        f"nodes recovers {RECOVER:.0%} of the loss ({len(suspects)} flagged by the per-tensor "
+        f"table or the verdicts, {len(standing)} of {len(sensitivity)} measured alone stand "
+        f"out){_SPREAD if within else ''}"
+    )
+    if shown and effect < before:  # a set that lowers nothing is no help to show
+        note += (
+            f". Best small set found: nodes_to_exclude={list(shown)!r}, {goal_text} "
+            f"{fmt(before)} -> {fmt(effect)}"
+        )
+    return (), note, sensitivity, text
+
+
+_SPREAD = "; the loss is the network's rounding as a whole"
 
 
 def _search(
@@ -146,8 +239,8 @@ def _search(
 
 
 def _goal(session: Session, ref_out: Tensors) -> tuple[Callable[[Tensors], float], str]:
-    """The number the goal bounds: 1 − the worst top-1 agreement with ``--topk``, else the
-    worst output channel's rel_l2."""
+    """The number the goal bounds: 1 − the worst top-1 agreement with ``--topk``; the worst
+    output channel's rel_l2 with --quant-goal; else the mean output channel's, worst output."""
     specs = list(session.options.topk_specs())
     if specs:
 
@@ -156,12 +249,14 @@ def _goal(session: Session, ref_out: Tensors) -> tuple[Callable[[Tensors], float
             return 1.0 - min((c.top1_agreement for c in checks), default=1.0)
 
         return disagreement, "top-1 disagreement"
+    absolute = session.options.quant_goal is not None
+    per_output = channel_rel_l2 if absolute else mean_channel_rel_l2
 
-    def worst(out: Tensors) -> float:
-        return max(channel_rel_l2(v, out[k]) if k in out else float("inf")
+    def error(out: Tensors) -> float:
+        return max(per_output(v, out[k]) if k in out else float("inf")
                    for k, v in ref_out.items())  # fmt: skip
 
-    return worst, "worst output channel rel_l2"
+    return error, "worst output channel rel_l2" if absolute else "mean output channel rel_l2"
 
 
 def _by_reference_names(ref: LoadedModel, target: LoadedModel, out: Tensors) -> dict[str, Any]:

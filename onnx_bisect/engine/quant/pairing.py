@@ -21,7 +21,7 @@ from onnx_bisect.graph.qdq import QTensor, read_quantized
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.graph.weights import tensor_array
 
-__all__ = ["QuantPairing", "pair_quantized", "qparams"]
+__all__ = ["integer_steps", "QuantPairing", "pair_quantized", "qparams"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,22 @@ def qparams(model: LoadedModel, q: QTensor) -> QParams | None:
         return None  # float8 and the like: not an integer grid
     axis = q.axis if scale.size > 1 else None
     return QParams(scale, zp, dtype, 1 if scale.size > 1 and axis is None else axis)
+
+
+def integer_steps(model: LoadedModel) -> dict[str, QParams]:
+    """Each integer tensor of a quantized model computed at run time -> its scale and zero
+    point: how one model's integers compare across two backends, in real units."""
+    graph = read_quantized(model)
+    out: dict[str, QParams] = {}
+    for name, q in graph.tensors.items():
+        p = qparams(model, q) if q.integer else None
+        if p is not None:
+            out[name] = p
+    # A DequantizeLinear's output holds the same grid in floats: as far apart in steps.
+    for n in model.nodes:
+        if n.op_type == "DequantizeLinear" and n.inputs and n.inputs[0] in out:
+            out[n.outputs[0]] = out[n.inputs[0]]
+    return out
 
 
 def pair_quantized(ref: LoadedModel, target: LoadedModel, matching: Matching) -> QuantPairing:

@@ -13,7 +13,10 @@ from onnx_bisect.compare.quant import COARSE_LEVELS, ROUNDING_SLACK, QuantKind
 from onnx_bisect.quant_result import QuantRow
 from onnx_bisect.result import CauseKind, NodeResult, RootCause, Verdict
 
-__all__ = ["quant_cause", "requalify"]
+__all__ = ["ACQUITTED", "quant_cause", "requalify"]
+
+# What a culprit's note says once keeping it in float was measured not to help.
+ACQUITTED = "kept in float it does not lower the outputs' error"
 
 
 def _row_of(
@@ -92,19 +95,25 @@ def _problem(row: QuantRow) -> str:
 
 
 def quant_cause(
-    nodes: Sequence[NodeResult], cause: RootCause | None, rows: Sequence[QuantRow]
+    nodes: Sequence[NodeResult],
+    cause: RootCause | None,
+    rows: Sequence[QuantRow],
+    float_node: Mapping[str, str] | None = None,
 ) -> RootCause | None:
     """The root cause as quantization: the nodes whose quantization is wrong for their
-    values, or none (the model is within its quantization error). A culprit that is not
-    about quantization (a wrong integer kernel) keeps its cause."""
+    values, named as the float nodes whose outputs are quantized (``float_node``: a
+    QuantizeLinear/DequantizeLinear -> the node it quantizes), or none (the model is within
+    its quantization error). A culprit that is not about quantization (a wrong integer
+    kernel) keeps its cause."""
     culprits = [n for n in nodes if n.verdict is Verdict.CULPRIT]
     quantized = [n for n in culprits if n.note.startswith("quantization")]
     if culprits and len(quantized) < len(culprits):
         return cause
     if quantized:
+        named = (float_node or {}).get
         return RootCause(
             CauseKind.QUANTIZATION,
-            tuple(n.name for n in quantized),
+            tuple(dict.fromkeys(named(n.name, n.name) for n in quantized)),
             "; ".join(dict.fromkeys(n.note for n in quantized[:3])),
         )
     flagged = [r for r in rows if not r.as_designed]
@@ -115,9 +124,13 @@ def quant_cause(
             "no node is wrong alone; the model's scales are computed at run time (dynamic "
             "quantization), so their rounding is not measured tensor by tensor",
         )
+    acquitted = sum(1 for n in nodes if ACQUITTED in n.note)
+    also = (
+        f", or ({acquitted}) kept in float does not lower the outputs' error" if acquitted else ""
+    )
     reason = (
         "within its quantization error: every node's isolated error is the rounding its "
-        "scale predicts"
+        f"scale predicts{also}"
         if not flagged
         else f"no node is wrong alone; {len(flagged)} quantized tensors lose more than rounding "
         f"(worst: {flagged[0].tensor}, {flagged[0].kind.value})"
