@@ -177,7 +177,11 @@ def two_model_strategy(session: Session, screened: Observed) -> Found:
         first = first_divergence(nodes)
         s.notes.append(report.pairing_summary())
     s.notes.append(matching.summary())
-    s.notes.extend(f"excluded {t}: {why}" for t, why in list(matching.excluded.items())[:5])
+    # A name the quantization pairing compared after all (a Conv reading dequantized
+    # operands) is not excluded in the end: no note for it.
+    paired = set(quant.pairs.values()) if quant is not None else set()
+    excluded = [(t, why) for t, why in matching.excluded.items() if t not in paired]
+    s.notes.extend(f"excluded {t}: {why}" for t, why in excluded[:5])
     chain = chain_from(other, nodes, cause, first)
     return Found(
         "scan", tuple(nodes), first, cause, chain=chain, matching=matching, store=view,
