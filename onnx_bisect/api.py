@@ -156,7 +156,14 @@ def _bisect_dataset(
     runs = Counter(result.runs) + Counter(summary.runs)
     first = ("inputs", "screen inputs", "sample")  # in the order they ran
     timings = {**{k: result.timings[k] for k in first if k in result.timings}, **result.timings}
-    return dataclasses.replace(result, dataset=summary, runs=dict(runs), timings=timings)
+    screened = {
+        "screen inputs": sum(s.runs.get("target", 0) for s in ranked),
+        "sample": sum(m.runs.get("target", 0) for m in measured),
+    }
+    stage_runs = {**{k: v for k, v in screened.items() if v}, **result.stage_runs}
+    return dataclasses.replace(
+        result, dataset=summary, runs=dict(runs), timings=timings, stage_runs=stage_runs
+    )
 
 
 def _options(options: BisectOptions | None, overrides: dict[str, Any]) -> BisectOptions:
@@ -181,5 +188,11 @@ def _repro(session: Session, found: Found, out_dir: Path) -> ReproInfo:
     cause, first = found.cause, found.first
     start = cause.nodes if cause and cause.nodes else ((first.name,) if first else ())
     symptom = SYMPTOMS.get(cause.kind, "divergence") if cause is not None else "divergence"
-    job = BundleJob(session, found.cut_from or session.loaded, store, symptom=symptom)
+    job = BundleJob(
+        session,
+        found.cut_from or session.loaded,
+        store,
+        symptom=symptom,
+        failed_alone=found.failed_alone,
+    )
     return write_repro(job, start, out_dir, verify_in_process=not session.setup.target_from_spec)

@@ -307,6 +307,8 @@ class BackendInfo:
     spec: str
     description: str
     versions: Mapping[str, str] = field(default_factory=dict)
+    # Declares that every run compiles the model (``Capabilities.compiles``).
+    compiles: bool = False
 
 
 @dataclass(frozen=True)
@@ -325,6 +327,9 @@ class BisectResult:
     inputs: Mapping[str, npt.NDArray[Any]] = field(repr=False, compare=False)
     timings: Mapping[str, float] = field(default_factory=dict)
     runs: Mapping[str, int] = field(default_factory=dict)
+    # The target runtime's runs per stage, in the order the stages ran (compiles, where the
+    # target declares that its runs compile): ``RunStats.target_by_stage``.
+    stage_runs: Mapping[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     versions: Mapping[str, str] = field(default_factory=dict)
     command: str = ""

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 from onnx_bisect.backends import create_backend
-from onnx_bisect.backends.compiled import CompileCache, pinned_model
+from onnx_bisect.backends.compiled import COMPILED_DIR_ENV, CompileCache, pinned_model
 from onnx_bisect.backends.compiler_passes import TVM_OPTIONAL
 from onnx_bisect.backends.iree import compiler_message
 from onnx_bisect.backends.passes import supports_passes
@@ -90,6 +90,30 @@ def test_runs_every_output_by_name_and_compiles_once(spec: str, extra: str) -> N
     assert spec.upper() in backend.describe().upper()
     versions = backend.versions()
     assert versions and all(v != "unknown" for v in versions.values()), versions
+
+
+@pytest.mark.parametrize(
+    ("spec", "extra", "suffix"), [("iree", "iree", ".vmfb"), ("tvm", "tvm", ".so")]
+)
+def test_a_sandboxed_compiler_compiles_a_model_once(spec: str, extra: str, suffix: str) -> None:
+    """Under --isolate-crashes each run is a fresh child: the backend still declares that its
+    runs compile, and what one child compiled the next reads back from the sandbox's folder
+    instead of compiling again (a second compile would replace the file)."""
+    _need(spec, extra)
+    backend = create_backend(spec, in_child=True)
+    assert backend.capabilities.compiles and backend.capabilities.child_process
+    model = with_outputs(chain(2), ["a0", "y"])
+    first = backend.run(model, {"x": X})
+    folder = Path(backend.environment()[COMPILED_DIR_ENV])  # type: ignore[attr-defined]
+    (artifact,) = folder.iterdir()
+    assert artifact.suffix == suffix
+    made = artifact.stat()
+    again = backend.run(model, {"x": X * 2})  # other values, the same shapes: no compile
+    assert [p.name for p in folder.iterdir()] == [artifact.name]
+    assert (artifact.stat().st_ino, artifact.stat().st_mtime_ns) == (made.st_ino, made.st_mtime_ns)
+    for out, x in ((first, X), (again, X * 2)):
+        want = create_backend("cpu").run(model, {"x": x})
+        np.testing.assert_allclose(out["y"], want["y"], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(

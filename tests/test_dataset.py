@@ -358,6 +358,7 @@ def test_a_matching_dataset_stops_after_the_screen(data: Data) -> None:
     assert not r.diverged and r.dataset is not None
     assert r.dataset.diverged == 0 and r.dataset.nodes == () and r.dataset.confirmation is None
     assert r.runs["target"] == N + 1  # the screen of each input, then the worst's own
+    assert dict(r.stage_runs) == {"screen inputs": N, "screen": 1}
 
 
 # --- the command line -----------------------------------------------------------------------------

@@ -23,17 +23,19 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 
-from onnx_bisect.backends.compiled import CompileCache, fed_inputs, pinned_model
+from onnx_bisect.backends.compiled import CompileCache, OnDisk, fed_inputs, pinned_model
 from onnx_bisect.backends.compiler_passes import IreeFlags
 from onnx_bisect.backends.passes import PassControl
-from onnx_bisect.backends.protocol import BackendBase, Tensors
+from onnx_bisect.backends.protocol import BackendBase, Capabilities, Tensors
 from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.errors import BackendError, BackendUnavailableError, SpecError
 
 __all__ = ["DEVICES", "IreeBackend", "IreeDevice", "compiler_message"]
 
 # What this process compiled, for every backend of this adapter (the key holds its settings).
-_CACHE: CompileCache[bytes] = CompileCache()
+_CACHE: CompileCache[bytes] = CompileCache(
+    disk=OnDisk(".vmfb", lambda vmfb, path: path.write_bytes(vmfb), lambda path: path.read_bytes())
+)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,10 @@ _ILLEGAL_OP = re.compile(r"failed to legalize operation 'torch\.operator'.*?name
 
 
 class IreeBackend(BackendBase):
+    # Each run of a model not compiled before in this process is a compile (seconds to
+    # minutes): the searches spend as few runs as they can.
+    capabilities = Capabilities(compiles=True)
+
     def __init__(self, spec: BackendSpec) -> None:
         super().__init__(spec)
         spec.check_options(["flags"])

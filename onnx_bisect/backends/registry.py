@@ -131,7 +131,7 @@ def create_backend(
     if in_child:
         from onnx_bisect.backends.sandbox import SandboxBackend
 
-        return SandboxBackend(parsed, timeout)
+        return SandboxBackend(parsed, timeout, inner=backend.capabilities)
     return backend
 
 

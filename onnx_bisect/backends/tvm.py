@@ -12,16 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import onnx
 
-from onnx_bisect.backends.compiled import CompileCache, fed_inputs, pinned_model
+from onnx_bisect.backends.compiled import CompileCache, OnDisk, fed_inputs, pinned_model
 from onnx_bisect.backends.compiler_passes import TvmPasses
 from onnx_bisect.backends.passes import PassControl
-from onnx_bisect.backends.protocol import BackendBase, Tensors
+from onnx_bisect.backends.protocol import BackendBase, Capabilities, Tensors
 from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.compare.precision import PrecisionInfo, parse_precision
 from onnx_bisect.errors import BackendError, BackendUnavailableError, SpecError
@@ -29,7 +30,10 @@ from onnx_bisect.errors import BackendError, BackendUnavailableError, SpecError
 __all__ = ["TARGETS", "TvmBackend"]
 
 # What this process compiled, for every backend of this adapter (the key holds its settings).
-_CACHE: CompileCache[Any] = CompileCache()
+_CACHE: CompileCache[Any] = CompileCache(
+    # A shared library (linked by the system's C compiler), loaded back as a runtime module.
+    disk=OnDisk(".so", lambda ex, path: ex.export_library(str(path)), lambda path: _load(path))
+)
 
 TARGETS = ("llvm", "cuda")
 _INSTALL = "pip install 'onnx-bisect[tvm]'"
@@ -37,6 +41,10 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 class TvmBackend(BackendBase):
+    # Each run of a model not compiled before in this process is a compile (seconds to
+    # minutes): the searches spend as few runs as they can.
+    capabilities = Capabilities(compiles=True)
+
     def __init__(self, spec: BackendSpec) -> None:
         super().__init__(spec)
         spec.check_options(["opt_level", "fp16", "disable"])
@@ -167,6 +175,12 @@ class TvmBackend(BackendBase):
 
     def versions(self) -> dict[str, str]:
         return {"apache-tvm": _version()}
+
+
+def _load(path: Path) -> Any:
+    import tvm
+
+    return tvm.runtime.load_module(str(path))
 
 
 def _device(target: str) -> Any:

@@ -317,6 +317,7 @@ def to_result(
         inputs=session.feeds,
         timings=_in_order(session.timer.finish(), ("load", "float64", "screen")),
         runs=_in_order(session.stats.runs, ("float64", "ref", "target")),
+        stage_runs=dict(session.stats.target_by_stage),
         notes=tuple(notes),
         versions=setup.versions,
         command=setup.options.command,
@@ -358,7 +359,8 @@ def _transforms(spec: BackendSpec | None) -> tuple[str, ...]:
 
 def _info(b: Backend, spec: BackendSpec | None) -> BackendInfo:
     # The spec as written, transforms included: the backend itself only knows the runtime part.
-    return BackendInfo(spec.text if spec else b.spec.text, b.describe(), b.versions())
+    text = spec.text if spec else b.spec.text
+    return BackendInfo(text, b.describe(), b.versions(), compiles=b.capabilities.compiles)
 
 
 def _check_topk_outputs(specs: tuple[TopKSpec, ...], loaded: LoadedModel) -> None:

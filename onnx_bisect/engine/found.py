@@ -31,3 +31,6 @@ class Found:
     store: TensorStore | None = None
     cut_from: LoadedModel | None = None
     quant: QuantReport | None = None  # a quantized target model's analysis
+    # Nodes the target already failed on alone, fed the reference's inputs (the failure
+    # search's check): a bundle of one of them is not run again before repro.py checks it.
+    failed_alone: tuple[str, ...] = ()

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from onnx_bisect.text import runs_text
 
-__all__ = ["Abandoned", "NoProgress", "Progress", "count_run", "phase"]
+__all__ = ["Abandoned", "NoProgress", "Progress", "count_run", "current_phase", "phase"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,13 @@ def count_run(role: str) -> None:
     current = _CURRENT.get()
     if current is not None:
         current.count(role)
+
+
+def current_phase() -> str | None:
+    """The name of the innermost phase open here (None outside any): the stage a run is
+    tallied against in the report."""
+    current = _CURRENT.get()
+    return current.name if current is not None else None
 
 
 @contextmanager

@@ -28,6 +28,7 @@ __all__ = [
     "node_label",
     "plural",
     "search_line",
+    "stage_runs_line",
 ]
 
 
@@ -114,3 +115,15 @@ def fenced(text: str, info: str = "text") -> list[str]:
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * max(3, longest + 1)
     return [fence + info, *text.splitlines(), fence]
+
+
+def stage_runs_line(result: BisectResult) -> str:
+    """ "target compiles by stage: screen 1, bisect 9, repro 1 (11 in all)": where the target's
+    runs went, so that a user of a slow compiler sees which stage cost the time ("target runs"
+    where the target does not declare that its runs compile). Empty when it never ran."""
+    stages = {k: v for k, v in result.stage_runs.items() if v}
+    if not stages:
+        return ""
+    what = "compiles" if result.target.compiles else "runs"
+    listed = ", ".join(f"{k} {v}" for k, v in stages.items())
+    return f"target {what} by stage: {listed} ({sum(stages.values())} in all)"

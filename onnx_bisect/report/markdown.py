@@ -18,6 +18,7 @@ from onnx_bisect.report.format import (
     node_label,
     plural,
     search_line,
+    stage_runs_line,
 )
 from onnx_bisect.report.mermaid import focus_node, mermaid_lines
 from onnx_bisect.report.passes import pass_markdown, workaround_step
@@ -115,7 +116,8 @@ def render_markdown(result: BisectResult) -> str:
         lines += ["", "**Notes**", ""] + [f"- {one_line(n)}" for n in result.notes]
     runs = ", ".join(f"{k}: {v}" for k, v in result.runs.items())
     total = result.timings.get("total", 0.0)
-    lines += ["", f"<sub>strategy {result.strategy}; runs {runs}; {total:.2f}s</sub>", ""]
+    by_stage = f"; {stage_runs_line(result)}" if stage_runs_line(result) else ""
+    lines += ["", f"<sub>strategy {result.strategy}; runs {runs}{by_stage}; {total:.2f}s</sub>", ""]
     return "\n".join(lines)
 
 

@@ -267,11 +267,13 @@ def to_dict(result: BisectResult) -> dict[str, Any]:
         "target": {
             "spec": result.target.spec,
             "description": result.target.description,
+            "compiles": result.target.compiles,
             "precision": _precision_dict(result.target_precision),
         },
         "versions": dict(result.versions),
         "command": result.command,
         "runs": dict(result.runs),
+        "target_runs_by_stage": dict(result.stage_runs),
         "search": result.search.to_dict() if result.search else None,
         "repro": result.repro.to_dict() if result.repro is not None else None,
         "target_model": result.target_model or None,

@@ -24,6 +24,7 @@ from onnx_bisect.report.format import (
     fmt_error,
     plural,
     search_line,
+    stage_runs_line,
 )
 
 if TYPE_CHECKING:
@@ -79,6 +80,8 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
     runs = ", ".join(f"{k} {v}" for k, v in result.runs.items())
     steps = ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items())
     console.print(Text(f"strategy {result.strategy}; runs: {runs}; {steps}", style="dim"))
+    if stage_runs_line(result):
+        console.print(Text(stage_runs_line(result), style="dim"))
 
 
 def _print_table(result: BisectResult, console: Console, top: int) -> None:

@@ -58,6 +58,8 @@ class BundleJob:
     # What the bundle must show: "divergence", "crash" (the target dies) or "error" (the
     # target reports an error, e.g. a missing kernel).
     symptom: str = "divergence"
+    # Nodes the target already failed on alone, fed the reference's inputs (``Found``).
+    failed_alone: tuple[str, ...] = ()
 
     @property
     def target(self) -> Backend:
@@ -124,10 +126,13 @@ def build_bundle(
         runs = stats.runs.get("target", 0) - runs_before
         if verify_in_process:
             ok, tail = rerun_in_process(out_dir, job.target, crit, job.symptom)
+            stats.record_check()  # the target ran the bundle once more: for a compiler, a compile
         else:
             # A hang is checked with the run's --timeout, not repro.py's default (10 min).
             code, output = run_bundle(out_dir, {"--timeout": job.session.options.timeout})
             ok, tail = code == 1, output_tail(output)
+            if code != 2:  # 2: repro.py could not run it (a spec it cannot build, say)
+                stats.record_check()
         names = tuple(n.name for n in cand.nodes)
         last_written = (cand, tail)
         if ok:
@@ -135,6 +140,8 @@ def build_bundle(
             # How the bundle was found, in words: "(1 target run to minimize)" was cryptic.
             shrunk = (
                 f"shrunk from {plural(len(loaded.nodes), 'node')} in {plural(runs, 'target run')}"
+                if runs or names != job.failed_alone
+                else "the failure search's check of the node alone"
             )
             message = f"{plural(len(names), 'node')}: {shown} ({shrunk})"
             if cand.prefix:
@@ -165,6 +172,12 @@ def build_bundle(
 def _reproduce(job: BundleJob, cand: Candidate) -> Fed | None:
     """Run a candidate on the target; when it reproduces, the bundle trimmed to what shows it."""
     built = _build(job, cand, None)
+    names = tuple(n.name for n in cand.nodes)
+    if job.symptom == "error" and not cand.prefix and names == job.failed_alone:
+        # The failure search ran this very node alone on the target and it failed: a compile
+        # error is the compiler's deterministic answer, so the run is not repeated here; the
+        # bundle's check in a fresh process (repro.py) is its one run.
+        return built
     try:
         out = timed_run(job.target, built.model, built.inputs, "target", job.session.stats)
     except BackendCrash:

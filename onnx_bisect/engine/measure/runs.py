@@ -19,14 +19,19 @@ import numpy.typing as npt
 import onnx
 
 from onnx_bisect.backends.protocol import Backend, BackendBase, Emit, Tensors
-from onnx_bisect.engine.progress import count_run
+from onnx_bisect.engine.progress import count_run, current_phase
 from onnx_bisect.errors import BackendError
 
-__all__ = ["RunStats", "plan_chunks", "run_pair", "timed_run", "timed_stream"]
+__all__ = ["TARGET_ROLES", "RunStats", "plan_chunks", "run_pair", "timed_run", "timed_stream"]
 
 T = TypeVar("T")
 
 U = TypeVar("U")
+
+# The roles whose runs are the target's runtime at work: its own runs, a pass bisection's
+# (the target with some passes off) and a precision workaround's.
+TARGET_ROLES = ("target", "passes", "workaround")
+CHECK = "repro check"
 
 
 @dataclass
@@ -36,6 +41,9 @@ class RunStats:
 
     runs: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    # The target's runs per stage (the innermost phase open when each was asked for, "other"
+    # outside any): where a run is a compile, this is where the diagnosis spent its time.
+    target_by_stage: dict[str, int] = field(default_factory=dict)
     # Runs record from several threads at once (the pair, the float64 oracle beside them).
     _lock: Lock = field(default_factory=Lock, repr=False, compare=False)
 
@@ -43,7 +51,16 @@ class RunStats:
         with self._lock:
             self.runs[role] = self.runs.get(role, 0) + 1
             self.seconds[role] = self.seconds.get(role, 0.0) + seconds
+            if role in TARGET_ROLES:
+                stage = current_phase() or "other"
+                self.target_by_stage[stage] = self.target_by_stage.get(stage, 0) + 1
         count_run(role)
+
+    def record_check(self) -> None:
+        """A run of the target's runtime that the tool did not make itself (a repro bundle's
+        check by its own repro.py): tallied as the stage "repro check" only, not as a run."""
+        with self._lock:
+            self.target_by_stage[CHECK] = self.target_by_stage.get(CHECK, 0) + 1
 
 
 def plan_chunks(

@@ -77,7 +77,8 @@ def failure_search(
     if node.index == 0:
         # Asked only here, where it decides something: a runtime that fails on the first node
         # may fail on anything (a missing license, a flag that breaks every model).
-        _check_runs_anything(session, failure)
+        with s.timer.stage("bisect"):  # its runs are the search's, in the report
+            _check_runs_anything(session, failure)
     error = errors.get(outcome.transition, failure)
     message = _message(error)
     # The runtime may fail the full model for another reason than the first prefix (TVM:
@@ -102,7 +103,8 @@ def failure_search(
         note = f"the target crashes when this node is in the model: {message}"
         rows = _rows(loaded.nodes, node, Verdict.CRASHED, note)
         return Found("crash-bisect", rows, rows[node.index], cause, search)
-    found = _error_found(session, node, message, search, store)
+    with s.timer.stage("bisect"):
+        found = _error_found(session, node, message, search, store)
     if found.cause is not None and model_message:
         found = replace(found, cause=replace(found.cause, model_message=model_message))
     return found
@@ -170,7 +172,10 @@ def _error_found(
     rows = _rows(loaded.nodes, node, verdict, message)
     cause = RootCause(kind, (node.name,), reason, message)
     strategy = "failure-bisect"
-    return Found(strategy, rows, rows[node.index], cause, search, store=store)
+    failed_alone = (node.name,) if checked and alone is not None else ()
+    return Found(
+        strategy, rows, rows[node.index], cause, search, store=store, failed_alone=failed_alone
+    )
 
 
 def _rows(
