@@ -15,11 +15,15 @@ __all__ = ["quant_html", "quant_markdown"]
 ROWS = 12  # table rows shown; report.json has them all
 
 
+def _state(verified: bool) -> str:
+    return "verified by a run of the patched model" if verified else "NOT verified"
+
+
 def quant_markdown(q: QuantReport) -> list[str]:
     out = ["## Quantization", ""]
     k = q.keep
     if k is not None and k.nodes:
-        state = "verified by a run of the patched model" if k.verified else "NOT verified"
+        state = _state(k.verified)
         out += [
             f"**Keep in float** ({state}; {k.runs} runs): {k.goal}: "
             f"{fmt(k.before)} → {fmt(k.after)}",
@@ -67,7 +71,7 @@ def quant_html(q: QuantReport) -> list[str]:
     out = ["<h2>Quantization</h2>"]
     k = q.keep
     if k is not None and k.nodes:
-        state = "verified by a run of the patched model" if k.verified else "NOT verified"
+        state = _state(k.verified)
         out += [
             f"<p><strong>Keep in float</strong> ({state}; {k.runs} runs): {escape(k.goal)}: "
             f"{fmt(k.before)} → {fmt(k.after)}</p>",
