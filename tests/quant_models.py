@@ -107,9 +107,17 @@ def calibration(name: str, shape: tuple[int, ...], n: int = 4) -> list[dict[str,
     ]
 
 
-def quantized(model: onnx.ModelProto, tmp: Path, form: str, **kwargs: object) -> tuple[Path, Path]:
+def quantized(
+    model: onnx.ModelProto,
+    tmp: Path,
+    form: str,
+    activation: str = "QUInt8",
+    weight: str = "QInt8",
+    **kwargs: object,
+) -> tuple[Path, Path]:
     """The float model and its ``form`` copy (``qdq``, ``qdq-per-channel``, ``qoperator``,
-    ``dynamic``) written to ``tmp``."""
+    ``dynamic``) written to ``tmp``, static forms with ``activation`` and ``weight`` types
+    (names of onnxruntime's ``QuantType``)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -140,8 +148,8 @@ def quantized(model: onnx.ModelProto, tmp: Path, form: str, **kwargs: object) ->
         Reader(),
         quant_format=QuantFormat.QOperator if form == "qoperator" else QuantFormat.QDQ,
         per_channel=form == "qdq-per-channel",
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
+        activation_type=QuantType[activation],
+        weight_type=QuantType[weight],
         **kwargs,  # type: ignore[arg-type]
     )
     return src, dst

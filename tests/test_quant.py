@@ -63,6 +63,26 @@ def test_every_int8_form_runs_and_pairs_or_explains_every_quantized_tensor(
     assert not verdicts & {"failed", "unsupported", "crashed"}
 
 
+@pytest.mark.parametrize(
+    ("activation", "weight"), [("QInt16", "QInt8"), ("QUInt16", "QInt4"), ("QUInt8", "QInt4")]
+)
+def test_int16_activations_and_int4_weights_run_and_pair(
+    tmp_path: Path, activation: str, weight: str
+) -> None:
+    """The wider and narrower QDQ types onnxruntime runs: every quantized tensor is paired
+    (int16 and int4 read in real units like int8), and the answer is a quantization one."""
+    src, dst = qm.quantized(qm.block(), tmp_path, "qdq", activation, weight)
+    code, report, output = _bisect(src, dst, tmp_path / "out")
+    assert code == 1, output
+    assert "Traceback" not in output
+    quant = report["quantization"]
+    assert isinstance(quant, dict)
+    assert sum(quant["paired_by_rule"].values()) > 0 and not quant["unpaired"]
+    assert report["root_cause"]["kind"] == "quantization"  # type: ignore[index]
+    verdicts = {n["verdict"] for n in report["nodes"]}  # type: ignore[union-attr]
+    assert not verdicts & {"failed", "unsupported", "crashed"}
+
+
 def test_a_concat_of_a_unit_and_a_wide_branch_is_kept_in_float(tmp_path: Path) -> None:
     src, dst = qm.quantized(qm.detector(), tmp_path, "qdq")
     code, report, output = _bisect(src, dst, tmp_path / "out")
