@@ -45,6 +45,7 @@ __all__ = [
     "all_tensors",
     "external_ref",
     "has_external",
+    "is_external",
     "place_weights",
     "read_model",
     "relative_locations",
@@ -95,12 +96,12 @@ def _node_tensors(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
             yield from _graph_tensors(g)
 
 
-def _is_external(t: onnx.TensorProto) -> bool:
+def is_external(t: onnx.TensorProto) -> bool:
     return t.data_location == onnx.TensorProto.EXTERNAL
 
 
 def has_external(model: onnx.ModelProto) -> bool:
-    return any(_is_external(t) for t in all_tensors(model))
+    return any(is_external(t) for t in all_tensors(model))
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def resolve_locations(
     here, in one line, not in a runtime. ``absolute_ok``: an absolute location is taken as it
     is (in a file this package wrote for its own child; see ``read_model``)."""
     for t in all_tensors(model):
-        if not _is_external(t):
+        if not is_external(t):
             continue
         location = next((e.value for e in t.external_data if e.key == "location"), "")
         if not location:
@@ -186,7 +187,7 @@ def read_model(path: Path, *, own: bool = False) -> onnx.ModelProto:
 
 def _check_extents(model: onnx.ModelProto, source: str) -> None:
     for t in all_tensors(model):
-        if not _is_external(t):
+        if not is_external(t):
             continue
         ref = external_ref(t)
         size = ref.path.stat().st_size
@@ -210,7 +211,7 @@ def _loaded(t: onnx.TensorProto) -> onnx.TensorProto:
     """A copy of ``t`` with its external bytes read into ``raw_data``."""
     out = onnx.TensorProto()
     out.CopyFrom(t)
-    if _is_external(t):
+    if is_external(t):
         out.raw_data = _read(external_ref(t))
         del out.external_data[:]
         out.data_location = onnx.TensorProto.DEFAULT
@@ -219,7 +220,7 @@ def _loaded(t: onnx.TensorProto) -> onnx.TensorProto:
 
 def tensor_array(t: onnx.TensorProto) -> npt.NDArray[Any]:
     """The tensor's value, read from its file when it is external (the location resolved)."""
-    return numpy_helper.to_array(_loaded(t) if _is_external(t) else t)
+    return numpy_helper.to_array(_loaded(t) if is_external(t) else t)
 
 
 def with_loaded_weights(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -230,7 +231,7 @@ def with_loaded_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for t in all_tensors(out):
-        if _is_external(t):
+        if is_external(t):
             t.CopyFrom(_loaded(t))
     return out
 
@@ -238,14 +239,14 @@ def with_loaded_weights(model: onnx.ModelProto) -> onnx.ModelProto:
 def relative_locations(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Path] | None:
     """A copy whose external locations are relative to one directory, and that directory:
     what ONNX Runtime takes with a model given as bytes. None when nothing is external."""
-    paths = {external_ref(t).path for t in all_tensors(model) if _is_external(t)}
+    paths = {external_ref(t).path for t in all_tensors(model) if is_external(t)}
     if not paths:
         return None
     folder = Path(os.path.commonpath([str(p.parent) for p in paths]))
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for t in all_tensors(out):
-        if _is_external(t):
+        if is_external(t):
             ref = external_ref(t)
             _set_ref(t, str(ref.path.relative_to(folder)), ref.offset, ref.length)
     return out, folder
@@ -268,7 +269,7 @@ def place_weights(
     out.CopyFrom(model)
     groups: dict[Path, list[onnx.TensorProto]] = {}
     for t in all_tensors(out):
-        if _is_external(t):
+        if is_external(t):
             groups.setdefault(external_ref(t).path, []).append(t)
     for i, (source, tensors) in enumerate(groups.items()):
         target = directory / (f"{name}.data" if i == 0 else f"{name}.{i}.data")

@@ -27,7 +27,7 @@ from onnx_bisect.backends.torch.ops import lookup
 from onnx_bisect.backends.torch.ops.registry import OpFn, UnsupportedOperator
 from onnx_bisect.backends.torch.rounding import Rounding
 from onnx_bisect.errors import BackendError
-from onnx_bisect.graph.weights import tensor_array
+from onnx_bisect.graph.weights import is_external, tensor_array
 
 __all__ = ["Observer", "Program", "WeightCache", "referenced_names"]
 
@@ -71,7 +71,7 @@ class Program:
         base = OpContext(device, policy, 0, self._run_subgraph)
         lazy = _external_bytes(graph) > LAZY_EXTERNAL_BYTES
         self.constants: dict[str, torch.Tensor | _Lazy] = {
-            t.name: _Lazy(t) if lazy and _is_external(t) else self._weights.get(t, base)
+            t.name: _Lazy(t) if lazy and is_external(t) else self._weights.get(t, base)
             for t in graph.initializer
         }
         reads = [frozenset(referenced_names(node)) for node in graph.node]
@@ -204,14 +204,10 @@ class _Lazy:
     proto: onnx.TensorProto
 
 
-def _is_external(t: onnx.TensorProto) -> bool:
-    return t.data_location == onnx.TensorProto.EXTERNAL
-
-
 def _external_bytes(graph: onnx.GraphProto) -> int:
     total = 0
     for t in graph.initializer:
-        if _is_external(t):
+        if is_external(t):
             length = next((int(e.value) for e in t.external_data if e.key == "length"), None)
             if length is None:
                 count = 1
@@ -234,7 +230,7 @@ class WeightCache:
 
     def get(self, proto: onnx.TensorProto, ctx: OpContext) -> torch.Tensor:
         raw = proto.raw_data if proto.HasField("raw_data") else None
-        if raw is None or proto.data_location == onnx.TensorProto.EXTERNAL:
+        if raw is None or is_external(proto):
             return cpu_channels_last(ctx.tensor(tensor_array(proto)))
         key = (proto.name, proto.data_type, tuple(proto.dims), ctx.device, ctx.policy)
         hit = self._kept.get(key)
