@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 import tomllib
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import typer
 
@@ -24,6 +26,7 @@ from onnx_bisect.cli import app, bisect_app
 from onnx_bisect.errors import BackendError, BackendUnavailableError
 from onnx_bisect.report.files import FORMATS, REPORT_FILES
 from onnx_bisect.repro.bundle import BUNDLE_FILES
+from tests.models import chain
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
@@ -272,3 +275,35 @@ def test_every_install_hint_names_a_defined_extra() -> None:
     }
     assert {e for _, e in named} >= {"torch", "openvino", "tract", "plots"}, "hints not found"
     assert sorted(f"{f}: [{e}]" for f, e in named if e not in defined) == []
+
+
+# --- exec-protocol.md's promise about stderr --------------------------------------------------
+
+
+def test_exec_protocol_keeps_what_it_says_of_stderr(tmp_path: Path) -> None:
+    page = " ".join((ROOT / "docs" / "exec-protocol.md").read_text().split())
+    assert "then the last 5 non-empty stderr lines joined by ` \\| `" in page
+    assert "the whole stderr is kept as well (its last 20,000 characters, after a `…`," in page
+    # A real exec: runtime that prints 7 lines (one blank), then 30,000 characters, and fails.
+    script = tmp_path / "rt.py"
+    script.write_text(
+        "import sys\n"
+        "print('\\n'.join(['line 0', '', *(f'line {i}' for i in range(1, 7))]), file=sys.stderr)\n"
+        "if len(sys.argv) > 4:\n"
+        "    print('x' * 29_999 + 'y', file=sys.stderr)\n"
+        "sys.exit(3)\n"
+    )
+    model = chain()
+    feeds = {"x": np.ones((2, 8), np.float32)}
+    spec = f"exec:{shlex.join([sys.executable, str(script)])} {{model}} {{inputs}} {{outputs}}"
+    with pytest.raises(BackendError) as err:
+        create_backend(spec).run(model, feeds)
+    assert str(err.value) == f"{spec}: exited with code 3: " + " | ".join(
+        f"line {i}" for i in range(2, 7)
+    )
+    whole = "\n".join(["line 0", "", *(f"line {i}" for i in range(1, 7))])
+    assert err.value.full == f"{spec}: exited with code 3:\n{whole}"
+    with pytest.raises(BackendError) as long:
+        create_backend(f"{spec} more").run(model, feeds)
+    kept = long.value.full.split(":\n", 1)[1]
+    assert kept == "…" + ("x" * 29_999 + "y")[-20_000:]

@@ -119,6 +119,11 @@ def test_a_repro_bundle_says_how_many_target_runs_shrank_it(tmp_path: Path) -> N
         "- verified: re-run in a fresh process, it reproduces",
     ]
     assert readme[5] == ""
+    run = readme.index("## Run it") + 3
+    assert readme[run : run + 2] == [  # the comments in one column
+        "python repro.py                  # exit 1: reproduces, exit 0: does not",
+        "python repro.py --target 'cpu'   # the reference, for contrast",
+    ]
 
 
 # --- 3. report.md counts the nodes actually probed -----------------------------------------

@@ -76,6 +76,12 @@ def _bundle_lines(result: BisectResult) -> list[str]:
     ]
 
 
+def _commented(*lines: tuple[str, str]) -> list[str]:
+    """Shell commands with their comments in one column, whatever the spec's length."""
+    width = max(len(command) for command, _ in lines) + 3
+    return [f"{command:<{width}}# {comment}" for command, comment in lines]
+
+
 def render_bundle_readme(result: BisectResult) -> str:
     r = result.repro
     lines = [f"# Repro: {_headline(result)}", ""]
@@ -85,8 +91,10 @@ def render_bundle_readme(result: BisectResult) -> str:
         "## Run it",
         "",
         "```bash",
-        "python repro.py                      # exit 1: reproduces, exit 0: does not",
-        f"python repro.py {target_arg(result.ref.spec)}   # the reference, for contrast",
+        *_commented(
+            ("python repro.py", "exit 1: reproduces, exit 0: does not"),
+            (f"python repro.py {target_arg(result.ref.spec)}", "the reference, for contrast"),
+        ),
         "```",
         "",
         "Files: `model.onnx` (the subgraph, original node names; its weights in `model.onnx.data`",
