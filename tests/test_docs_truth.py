@@ -284,12 +284,15 @@ def test_exec_protocol_keeps_what_it_says_of_stderr(tmp_path: Path) -> None:
     page = " ".join((ROOT / "docs" / "exec-protocol.md").read_text().split())
     assert "then the last 5 non-empty stderr lines joined by ` \\| `" in page
     assert "the whole stderr is kept as well (its last 20,000 characters, after a `…`," in page
-    # A real exec: runtime that prints 7 lines (one blank), then 30,000 characters, and fails.
+    # A real exec: runtime that fails after 7 lines on stderr (one blank), after 30,000
+    # characters more, or saying nothing.
     script = tmp_path / "rt.py"
+    lines = ["line 0", "", *(f"line {i}" for i in range(1, 7))]
     script.write_text(
         "import sys\n"
-        "print('\\n'.join(['line 0', '', *(f'line {i}' for i in range(1, 7))]), file=sys.stderr)\n"
-        "if len(sys.argv) > 4:\n"
+        "if 'quiet' not in sys.argv:\n"
+        f"    print({chr(10).join(lines)!r}, file=sys.stderr)\n"
+        "if 'more' in sys.argv:\n"
         "    print('x' * 29_999 + 'y', file=sys.stderr)\n"
         "sys.exit(3)\n"
     )
@@ -301,9 +304,13 @@ def test_exec_protocol_keeps_what_it_says_of_stderr(tmp_path: Path) -> None:
     assert str(err.value) == f"{spec}: exited with code 3: " + " | ".join(
         f"line {i}" for i in range(2, 7)
     )
-    whole = "\n".join(["line 0", "", *(f"line {i}" for i in range(1, 7))])
+    whole = "\n".join(lines)
     assert err.value.full == f"{spec}: exited with code 3:\n{whole}"
     with pytest.raises(BackendError) as long:
         create_backend(f"{spec} more").run(model, feeds)
     kept = long.value.full.split(":\n", 1)[1]
     assert kept == "…" + ("x" * 29_999 + "y")[-20_000:]
+    with pytest.raises(BackendError) as quiet:
+        create_backend(f"{spec} quiet").run(model, feeds)
+    assert str(quiet.value) == f"{spec} quiet: exited with code 3: (no stderr)"
+    assert quiet.value.full == f"{spec} quiet: exited with code 3:\n(no stderr)"

@@ -90,9 +90,10 @@ class ExecBackend(BackendBase):
                 status = _status(proc.returncode)
                 # Killed by a signal (segfault, abort) is a crash, not an error it reported.
                 error = BackendCrash if proc.returncode < 0 else BackendError
+                said = _text(proc.stderr) or "(no stderr)"
                 raise error(
                     f"{self.spec.text}: exited with {status}: {_tail(proc.stderr)}",
-                    detail=f"{self.spec.text}: exited with {status}:\n{_text(proc.stderr)}",
+                    detail=f"{self.spec.text}: exited with {status}:\n{said}",
                 )
             out_path = Path(paths["{outputs}"])
             if not out_path.exists():
