@@ -32,6 +32,7 @@ from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.quant.conclude import conclude
 from onnx_bisect.engine.quant.pairing import QuantPairing, pair_quantized
+from onnx_bisect.engine.quant.runtime import with_runtime_scales
 from onnx_bisect.engine.search.cut import CutRefused, CutResult, cut_search, search_info
 from onnx_bisect.engine.search.failure import failure_search
 from onnx_bisect.engine.search.pattern import find_pattern
@@ -160,13 +161,16 @@ def two_model_strategy(session: Session, screened: Observed) -> Found:
     # The target model's own constant arithmetic (weights folded at run time) has no
     # counterpart; the reference backend computes it from the target model, so isolation
     # still feeds every node trusted values.
+    for name, value in quant.values.items() if quant is not None else ():
+        view.put(name, value)  # a dynamic model's run-time scales, as its run gave them
     own = [t for t in [*other.constants, *_input_casts(other)] if t not in view]
     if own:
         values = timed_run(s.ref, with_outputs(other.model, own), s.feeds, "ref", s.stats)
         for name in own:
             view.put(name, values[name])
     with s.timer.stage("isolate"):
-        isolated = isolate(s, view, loaded=other)
+        fed = replace(other, units=quant.for_isolation()) if quant is not None else other
+        isolated = isolate(s, view, loaded=fed)
     nodes = judge(other, comparisons, isolated, s.crit)
     first = first_divergence(nodes)
     cause = root_cause(nodes, first, own_constants=other.constants)
@@ -200,7 +204,7 @@ def quantized_pairing(
     for name in set(quant.pairs.values()) & set(session.loaded.inputs):
         if name not in store:
             store.put(name, session.feeds[name])
-    return quant
+    return with_runtime_scales(session, other, quant, store)
 
 
 STRATEGIES: Mapping[str, Strategy] = {

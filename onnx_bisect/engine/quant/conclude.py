@@ -44,7 +44,7 @@ def conclude(
     diverged: bool,
 ) -> QuantConclusion:
     rows = quant_rows(target, pairing, pairs, view)
-    judged = tuple(requalify(nodes, pairs, rows, weight_floors(target)))
+    judged = tuple(requalify(nodes, pairs, rows, weight_floors(target, view)))
     named = _float_nodes(target)
     keep: KeepInFloat | None = None
     sensitivity: tuple[Sensitivity, ...] = ()
