@@ -338,3 +338,17 @@ class AccFault(BackendBase):
         del m.graph.node[:]
         m.graph.node.extend(nodes)
         return self.inner.run(m, feeds)
+
+
+def test_the_per_tensor_table_is_built_while_the_float64_oracle_measures(tmp_path: Path) -> None:
+    """The table needs the reference's values and the scales, not the criterion: it is built
+    inside the screen, before its wait for the float64 oracle (torch's import alone outlasts
+    this model's plain runs), and it is the table the report has."""
+    src, dst = qm.quantized(qm.detector(), tmp_path, "qdq")
+    result = onnx_bisect.bisect(str(src), target="cpu", target_model=str(dst))
+    note = next(n for n in result.notes if n.startswith("per-tensor quantization table"))
+    ready = float(note.split("ready ")[1].split(" s ")[0])
+    timings = result.timings
+    assert timings["float64"] > timings["load"]  # the oracle was still measuring
+    assert ready <= timings["load"] + timings["screen"] + 0.05
+    assert result.quant is not None and f"{len(result.quant.rows)} tensors" in note

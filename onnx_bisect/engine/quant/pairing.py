@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import onnx
 
 from onnx_bisect.compare.quant import QParams, dequantize, quantize
 from onnx_bisect.graph.match import Matching
@@ -22,7 +23,7 @@ from onnx_bisect.graph.qdq import QTensor, QuantGraph, read_quantized
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.graph.weights import tensor_array
 
-__all__ = ["integer_steps", "QuantPairing", "pair_quantized", "qparams"]
+__all__ = ["initializers", "integer_steps", "QuantPairing", "pair_quantized", "qparams"]
 
 
 @dataclass(frozen=True)
@@ -76,9 +77,15 @@ class QuantPairing:
         return None if p is None or name in self.floats else np.dtype(p.dtype)
 
 
-def qparams(model: LoadedModel, q: QTensor) -> QParams | None:
+def initializers(model: LoadedModel) -> dict[str, onnx.TensorProto]:
+    return {t.name: t for t in model.model.graph.initializer}
+
+
+def qparams(
+    model: LoadedModel, q: QTensor, inits: dict[str, onnx.TensorProto] | None = None
+) -> QParams | None:
     """The scale and zero point as arrays, from the model's initializers."""
-    inits = {t.name: t for t in model.model.graph.initializer}
+    inits = inits if inits is not None else initializers(model)
     if q.scale not in inits or (q.zero_point is not None and q.zero_point not in inits):
         return None
     scale = np.asarray(tensor_array(inits[q.scale]), dtype=np.float64).ravel()
@@ -97,9 +104,10 @@ def integer_steps(model: LoadedModel) -> dict[str, QParams]:
     """Each integer tensor of a quantized model computed at run time -> its scale and zero
     point: how one model's integers compare across two backends, in real units."""
     graph = read_quantized(model)
+    inits = initializers(model)
     out: dict[str, QParams] = {}
     for name, q in graph.tensors.items():
-        p = qparams(model, q) if q.integer else None
+        p = qparams(model, q, inits) if q.integer else None
         if p is not None:
             out[name] = p
     # A DequantizeLinear's output holds the same grid in floats: as far apart in steps.
@@ -112,7 +120,7 @@ def integer_steps(model: LoadedModel) -> dict[str, QParams]:
 def pair_quantized(ref: LoadedModel, target: LoadedModel, matching: Matching) -> QuantPairing:
     """Pair every quantized tensor of ``target`` with the float model's tensor it stands for,
     or say why not."""
-    graph = read_quantized(target)
+    graph, inits = read_quantized(target), initializers(target)
     known = set(ref.probes) | set(ref.inputs)
     pairs: dict[str, str] = {}
     params: dict[str, QParams] = {}
@@ -136,7 +144,7 @@ def pair_quantized(ref: LoadedModel, target: LoadedModel, matching: Matching) ->
         if q.runtime:
             pending[name] = q
         elif q.integer:
-            p = qparams(target, q)
+            p = qparams(target, q, inits)
             if p is None:
                 unpaired[name] = "its scale or zero point is not an initializer"
                 continue
