@@ -47,7 +47,7 @@ def conclude(
     """``rows``: the per-tensor table when it was built already (``prelude.py``)."""
     if rows is None:
         rows = quant_rows(target, pairing, pairs, view)
-    judged = tuple(requalify(nodes, pairs, rows, weight_floors(target, view)))
+    judged = tuple(requalify(nodes, pairs, rows, weight_floors(target, view, pairing.isolated)))
     named = _float_nodes(target)
     keep: KeepInFloat | None = None
     sensitivity: tuple[Sensitivity, ...] = ()

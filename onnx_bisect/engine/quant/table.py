@@ -143,11 +143,15 @@ def _key(p: QParams) -> bytes:
     return p.scale.tobytes() + p.zero_point.tobytes() + p.dtype.encode()
 
 
-def weight_floors(target: LoadedModel, view: TensorStore | None = None) -> dict[str, float]:
+def weight_floors(
+    target: LoadedModel,
+    view: TensorStore | None = None,
+    steps: Mapping[str, QParams] | None = None,
+) -> dict[str, float]:
     """Node -> the relative error its integer weights' rounding predicts (the largest over
     its weights): a QOperator kernel's own, or a QDQ node's DequantizeLinear'd initializer;
     for a dynamic model's MatMulInteger/ConvInteger also on the reference's inputs in ``view``
-    (``_on_inputs``)."""
+    with its input's rounding at the step ``steps`` gives it (``_on_inputs``)."""
     inits = {t.name: t for t in target.model.graph.initializer}
     quantized = read_quantized(target).tensors
     out: dict[str, float] = {}
@@ -166,7 +170,9 @@ def weight_floors(target: LoadedModel, view: TensorStore | None = None) -> dict[
                 found.append((dq.inputs[0], dq.inputs[1], zp, _axis(target, dq)))
         floors = [f for f in (_weight_floor(target, inits, *w) for w in found) if f is not None]
         if n.op_type in _INTEGER and view is not None:
-            floors += [_on_inputs(target, inits, n, view, *w) for w in found]
+            x_step = (steps or {}).get(n.inputs[0])
+            step = float(np.mean(x_step.scale)) if x_step is not None else 0.0
+            floors += [_on_inputs(target, inits, n, view, step, *w) for w in found]
         if floors:
             out[n.name] = max(floors)
     return out
@@ -195,6 +201,7 @@ def _on_inputs(
     inits: Mapping[str, Any],
     n: NodeInfo,
     view: TensorStore,
+    x_step: float,
     weight: str,
     scale: str,
     zero_point: str | None,
@@ -203,7 +210,9 @@ def _on_inputs(
     """The relative error rounding the weights of an integer MatMul/Conv adds to its output on
     the reference's input: each output channel's rounding noise (step² / 12 per weight) times
     the energy of the inputs it reads. A depthwise Conv whose large input channels meet small
-    weights under one per-tensor step loses more than the weights' own norm says."""
+    weights under one per-tensor step loses more than the weights' own norm says. Plus the
+    input's rounding at ``x_step`` through the weights: each output sums its operands' noise
+    times their weights squared (a DFL Conv's weights 0..15 weigh its inputs' rounding up)."""
     p = qparams(target, QTensor(weight, scale, zero_point, axis, None, "weight", True))
     x_name, y_name = n.inputs[0], n.outputs[0]
     if p is None or x_name not in view or y_name not in view:
@@ -224,6 +233,9 @@ def _on_inputs(
         y_shape = view.meta(y_name).shape
         ratio = float(np.prod(y_shape[2:])) / max(float(np.prod(x.shape[2:])), 1.0)
         noise = float(np.sum(step2 * reads)) / 12.0 * taps * ratio
+    size = float(np.prod(view.meta(y_name).shape))
+    w_real = dequantize(w, p)
+    noise += x_step**2 / 12.0 * float(np.sum(w_real**2)) * size / outs
     return math.sqrt(noise) / y_norm if y_norm > 0 else 0.0
 
 
