@@ -428,7 +428,11 @@ def _summary_lines(r: BisectResult) -> list[Text]:
         return lines + _finding_lines(r) if r.nodes else lines
     lines = [Text.assemble(("Diverged", "bold red"), ": ", head), *precision, *dataset]
     if r.quant is not None:  # the answer first: what to keep in float
-        lines += [Text.assemble(("Quantization", "bold"), f": {q}") for q in r.quant.lines()]
+        answer = r.quant.lines()
+        cause = r.root_cause
+        if r.quant.keep is None and cause is not None and not cause.nodes:
+            answer.insert(0, cause.reason)  # no search (QOperator, dynamic): the verdict first
+        lines += [Text.assemble(("Quantization", "bold"), f": {q}") for q in answer]
     for c in r.outputs:
         if c.diverged:
             rel, mx = c.shown("rel_l2"), c.shown("max_abs")

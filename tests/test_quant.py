@@ -56,8 +56,10 @@ def test_every_int8_form_runs_and_pairs_or_explains_every_quantized_tensor(
     assert paired + len(quant["unpaired"]) > 0
     assert all(u["reason"] for u in quant["unpaired"])
     assert report["root_cause"]["kind"] == "quantization"  # type: ignore[index]
-    if form != "dynamic":
-        assert paired > 0 and not quant["unpaired"]
+    assert paired > 0
+    # A dynamic model's only unpaired tensors are its run-time scales and zero points.
+    assert all(u["reason"].startswith("the run-time ") for u in quant["unpaired"])
+    assert form == "dynamic" or not quant["unpaired"]
     # Fed quantized operands, every quantized node runs alone (float into uint8 would not).
     verdicts = {n["verdict"] for n in report["nodes"]}  # type: ignore[union-attr]
     assert not verdicts & {"failed", "unsupported", "crashed"}
@@ -81,6 +83,45 @@ def test_int16_activations_and_int4_weights_run_and_pair(
     assert report["root_cause"]["kind"] == "quantization"  # type: ignore[index]
     verdicts = {n["verdict"] for n in report["nodes"]}  # type: ignore[union-attr]
     assert not verdicts & {"failed", "unsupported", "crashed"}
+
+
+@pytest.mark.parametrize("build", [qm.detector, qm.block], ids=["detector", "block"])
+def test_dynamic_quantization_is_compared_under_its_run_time_scales(
+    tmp_path: Path, build: object
+) -> None:
+    """quantize_dynamic's integers are read with the scales the model computed: each
+    DynamicQuantizeLinear output pairs with the tensor it quantizes, each MatMulInteger or
+    ConvInteger accumulator and its Cast with the float op's output; the table has their round
+    trips, and rounding as designed names no culprit."""
+    src, dst = qm.quantized(build(), tmp_path, "dynamic")  # type: ignore[operator]
+    code, report, output = _bisect(src, dst, tmp_path / "out")
+    assert code == 1, output
+    quant = report["quantization"]
+    rules = quant["paired_by_rule"]  # type: ignore[index]
+    assert rules["run-time scale"] > 0 and rules["accumulator × run-time scales"] > 0
+    rows = quant["tensors"]  # type: ignore[index]
+    assert rows and all(r["kind"] == "rounding" for r in rows)
+    by_node = {n["node"]: n for n in report["nodes"]}  # type: ignore[union-attr]
+    integer = [n for n in by_node.values() if n["op_type"] in ("MatMulInteger", "ConvInteger")]
+    assert integer and all(n["isolated"] for n in integer)  # isolated on quantized operands
+    assert not [n for n in by_node.values() if n["verdict"] == "culprit"]
+    cause = report["root_cause"]
+    assert cause["kind"] == "quantization" and not cause["nodes"]  # type: ignore[index]
+    assert "within its quantization error" in cause["reason"]  # type: ignore[index]
+    # No keep-in-float search for this form: the verdict is the terminal's first answer.
+    assert output.splitlines()[1].startswith("Quantization: within its quantization error")
+
+
+def test_a_wrong_integer_kernel_of_a_dynamic_model_is_the_culprit(tmp_path: Path) -> None:
+    """The same comparison finds a real fault: a backend whose ConvInteger output is off
+    by a few steps of its accumulator is named, the others stay within rounding."""
+    _, dst = qm.quantized(qm.detector(), tmp_path, "dynamic")
+    src = tmp_path / "float.onnx"
+    result = onnx_bisect.bisect(
+        str(src), target_model=str(dst), target=AccFault("box_conv_quant", 0.05)
+    )
+    culprits = [n.name for n in result.nodes if n.verdict is Verdict.CULPRIT]
+    assert culprits == ["box_conv_quant"]
 
 
 def test_a_concat_of_a_unit_and_a_wide_branch_is_kept_in_float(tmp_path: Path) -> None:
@@ -268,3 +309,48 @@ def test_one_int8_model_on_two_backends_compares_integers_in_real_units(
         assert culprits == ["score_sigmoid_quant"]
     else:
         assert not culprits
+
+
+class AccFault(BackendBase):
+    """ONNX Runtime's CPU, except that integer node ``node`` writes its int32 accumulator
+    ``1 + rel`` times too large: a kernel off by more than any rounding."""
+
+    def __init__(self, node: str, rel: float) -> None:
+        super().__init__(BackendSpec(text=f"accfault({node}*{1 + rel})", name="accfault"))
+        self.node, self.rel = node, rel
+        self.inner = create_backend("cpu")
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, Any]) -> Tensors:
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        nodes: list[onnx.NodeProto] = []
+        for n in m.graph.node:
+            nodes.append(n)
+            if n.name != self.node:
+                continue
+            out = n.output[0]
+            n.output[0] = f"{out}__raw"
+            k = helper.make_tensor(f"{out}__k", TensorProto.FLOAT, [], [1 + self.rel])
+            nodes += [
+                helper.make_node("Constant", [], [f"{out}__k"], value=k),
+                helper.make_node("Cast", [f"{out}__raw"], [f"{out}__f"], to=TensorProto.FLOAT),
+                helper.make_node("Mul", [f"{out}__f", f"{out}__k"], [f"{out}__m"]),
+                helper.make_node("Cast", [f"{out}__m"], [out], to=TensorProto.INT32),
+            ]
+        del m.graph.node[:]
+        m.graph.node.extend(nodes)
+        return self.inner.run(m, feeds)
+
+
+def test_the_per_tensor_table_is_built_while_the_float64_oracle_measures(tmp_path: Path) -> None:
+    """The table needs the reference's values and the scales, not the criterion: it is built
+    inside the screen, before its wait for the float64 oracle (torch's import alone outlasts
+    this model's plain runs), and it is the table the report has."""
+    src, dst = qm.quantized(qm.detector(), tmp_path, "qdq")
+    result = onnx_bisect.bisect(str(src), target="cpu", target_model=str(dst))
+    note = next(n for n in result.notes if n.startswith("per-tensor quantization table"))
+    ready = float(note.split("ready ")[1].split(" s ")[0])
+    timings = result.timings
+    assert timings["float64"] > timings["load"]  # the oracle was still measuring
+    assert ready <= timings["load"] + timings["screen"] + 0.05
+    assert result.quant is not None and f"{len(result.quant.rows)} tensors" in note

@@ -139,29 +139,39 @@ class QuantError:
 def quant_error(x: npt.NDArray[Any], p: QParams) -> QuantError:
     """The error quantizing ``x`` with ``p`` and back adds, and what rounding predicts."""
     v = np.asarray(x, dtype=np.float64)
-    back = dequantize(quantize(v, p), p)
-    err = float(np.linalg.norm((v - back).ravel()))
-    norm = float(np.linalg.norm(v.ravel()))
-    scale = np.broadcast_to(p._shaped(p.scale, v.ndim), v.shape)
-    zp = np.broadcast_to(p._shaped(p.zero_point, v.ndim), v.shape)
+    diff = (v - dequantize(quantize(v, p), p)).ravel()
+    err = math.sqrt(_squares(diff))
+    norm = math.sqrt(_squares(v.ravel()))
     lo, hi = p.qrange
-    low, high = (lo - zp - 0.5) * scale, (hi - zp + 0.5) * scale
-    outside = (v < low) | (v > high)
-    clipped = float(outside.mean()) if v.size else 0.0
-    clip_err = float(np.sum((v - back)[outside] ** 2))
-    inside = scale[~outside]
-    floor_abs = math.sqrt(float(np.sum(inside**2)) / 12.0)
+    if p.scale.size == 1:  # per tensor: scalars, no tensor-sized broadcasts
+        s, z = float(p.scale[0]), float(p.zero_point[0])
+        outside = ((v < (lo - z - 0.5) * s) | (v > (hi - z + 0.5) * s)).ravel()
+        out = int(np.count_nonzero(outside))
+        inside_steps, mean_step = (v.size - out) * s * s, s
+    else:
+        scale = np.broadcast_to(p._shaped(p.scale, v.ndim), v.shape)
+        zp = np.broadcast_to(p._shaped(p.zero_point, v.ndim), v.shape)
+        outside = ((v < (lo - zp - 0.5) * scale) | (v > (hi - zp + 0.5) * scale)).ravel()
+        out = int(np.count_nonzero(outside))
+        inside = scale.ravel()[~outside]
+        inside_steps, mean_step = _squares(inside), float(np.mean(scale))
+    clip_err = _squares(diff[outside]) if out else 0.0
     spread = float(v.max() - v.min()) if v.size else 0.0
-    levels = spread / float(np.mean(scale)) if v.size else 0.0
     tiny = np.finfo(np.float64).tiny
     return QuantError(
         rel_l2=err / max(norm, tiny),
         sqnr_db=20.0 * math.log10(max(norm, tiny) / max(err, tiny)),
-        clipped=clipped,
-        levels=levels,
-        floor=floor_abs / max(norm, tiny),
+        clipped=out / v.size if v.size else 0.0,
+        levels=spread / mean_step if v.size else 0.0,
+        floor=math.sqrt(inside_steps / 12.0) / max(norm, tiny),
         clip_share=clip_err / max(err * err, tiny),
     )
+
+
+def _squares(a: npt.NDArray[np.float64]) -> float:
+    """The sum of squares on the calling thread: ``np.linalg.norm``'s BLAS threads contend
+    with the runtimes' on a busy machine (YOLOv8n's table: 0.46 of its 0.84 s)."""
+    return float(np.einsum("i,i->", a, a)) if a.size else 0.0
 
 
 def channel_rel_l2(ref: npt.NDArray[Any], target: npt.NDArray[Any]) -> float:

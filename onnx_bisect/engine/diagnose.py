@@ -33,6 +33,7 @@ from onnx_bisect.engine.precision import (
     unasked_precision_cause,
 )
 from onnx_bisect.engine.quant.pairing import integer_steps
+from onnx_bisect.engine.quant.prelude import prepare_early
 from onnx_bisect.engine.recorded import run_feeds
 from onnx_bisect.engine.search.failure import failure_search
 from onnx_bisect.engine.session import Feeds, Session, Setup, StageTimer
@@ -248,6 +249,7 @@ def diagnose(session: Session, screened: Screened | None = None) -> Diagnosis:
     # no renamed tensor moved), so the scan runs even when the outputs agree.
     scans_anyway = options.always_scan or bool(session.setup.transforms)
     if screened is None:
+        prepare_early(session)  # a quantized target's table while the oracle measures
         screened = screen_session(session, final=not scans_anyway)
     if isinstance(screened, BackendError):
         log.info("the target failed on the whole model; searching for the node")

@@ -110,11 +110,19 @@ class Session:
     # oracle checks it and registers how to stop its child (``on_cancel``).
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     _cancel_hooks: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    # Work that needs no criterion, done before waiting for one still being measured (a
+    # quantized target's reference scan and per-tensor table while the float64 oracle
+    # runs); what it leaves in ``prepared``, by name, is for the stage that needs it.
+    early: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    prepared: dict[str, object] = field(default_factory=dict, repr=False)
 
     @property
     def crit(self) -> Criterion:
-        """The criterion; one still being measured (``measure_criterion``) is waited for."""
+        """The criterion; one still being measured (``measure_criterion``) is waited for,
+        after the ``early`` work."""
         if self._pending is not None:
+            while self.early and not self._pending.done():
+                self.early.pop(0)()
             pending, self._pending = self._pending, None
             self.criterion = pending.result()
         return self.criterion

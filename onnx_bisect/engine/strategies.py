@@ -31,15 +31,13 @@ from onnx_bisect.engine.measure.observe import Observed, probe_runs, scan
 from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.quant.conclude import conclude
-from onnx_bisect.engine.quant.pairing import QuantPairing, pair_quantized
+from onnx_bisect.engine.quant.prelude import prelude
 from onnx_bisect.engine.search.cut import CutRefused, CutResult, cut_search, search_info
 from onnx_bisect.engine.search.failure import failure_search
 from onnx_bisect.engine.search.pattern import find_pattern
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.extract import incomplete_outputs, with_outputs
-from onnx_bisect.graph.match import Matching, match_tensors
-from onnx_bisect.graph.qdq import is_quantized
 from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.result import CauseKind, NodeResult, RootCause, SearchInfo, Verdict
@@ -129,12 +127,14 @@ def two_model_strategy(session: Session, screened: Observed) -> Found:
     target model's nodes isolated on the reference's values where those exist."""
     s, other = session, session.setup.target_model
     assert other is not None  # choose() picks this strategy only with a target model
-    store = s.store("reference")
+    ready = prelude(s)
+    store, matching, quant, pairs = ready.store, ready.matching, ready.quant, ready.pairs
+    if quant is not None:
+        s.notes.append(
+            f"per-tensor quantization table: {len(ready.rows)} tensors, ready "
+            f"{ready.ready:.2f} s after the start (once the reference was scanned)"
+        )
     with s.timer.stage("scan"):
-        scan(s, store, observe_target=False)
-        matching = match_tensors(s.loaded, other)
-        quant = quantized_pairing(s, other, matching, store)
-        pairs = {**matching.pairs, **quant.pairs} if quant else matching.pairs
         if quant is not None:
             other = replace(other, units=quant)  # integers compared and fed in real units
         s.crit = s.crit.renamed(pairs)  # noise floors belong to the reference's tensors
@@ -160,19 +160,24 @@ def two_model_strategy(session: Session, screened: Observed) -> Found:
     # The target model's own constant arithmetic (weights folded at run time) has no
     # counterpart; the reference backend computes it from the target model, so isolation
     # still feeds every node trusted values.
+    for name, value in quant.values.items() if quant is not None else ():
+        view.put(name, value)  # a dynamic model's run-time scales, as its run gave them
     own = [t for t in [*other.constants, *_input_casts(other)] if t not in view]
     if own:
         values = timed_run(s.ref, with_outputs(other.model, own), s.feeds, "ref", s.stats)
         for name in own:
             view.put(name, values[name])
     with s.timer.stage("isolate"):
-        isolated = isolate(s, view, loaded=other)
+        fed = replace(other, units=quant.for_isolation()) if quant is not None else other
+        isolated = isolate(s, view, loaded=fed)
     nodes = judge(other, comparisons, isolated, s.crit)
     first = first_divergence(nodes)
     cause = root_cause(nodes, first, own_constants=other.constants)
     report = None
     if quant is not None:
-        q = conclude(s, other, quant, pairs, view, nodes, cause, diverged=screened.diverged)
+        q = conclude(
+            s, other, quant, pairs, view, nodes, cause, diverged=screened.diverged, rows=ready.rows
+        )
         nodes, cause, report = list(q.nodes), q.cause, q.report
         first = first_divergence(nodes)
         s.notes.append(report.pairing_summary())
@@ -187,20 +192,6 @@ def two_model_strategy(session: Session, screened: Observed) -> Found:
         "scan", tuple(nodes), first, cause, chain=chain, matching=matching, store=view,
         cut_from=other, quant=report,
     )  # fmt: skip
-
-
-def quantized_pairing(
-    session: Session, other: LoadedModel, matching: Matching, store: TensorStore
-) -> QuantPairing | None:
-    """A quantized target model of a float one: its integers paired in real units. The
-    float model's inputs they stand for go to the store (a scan keeps node outputs only)."""
-    if not is_quantized(other) or is_quantized(session.loaded):
-        return None
-    quant = pair_quantized(session.loaded, other, matching)
-    for name in set(quant.pairs.values()) & set(session.loaded.inputs):
-        if name not in store:
-            store.put(name, session.feeds[name])
-    return quant
 
 
 STRATEGIES: Mapping[str, Strategy] = {

@@ -6,7 +6,9 @@ QuantizeLinear's output stands for its input and a DequantizeLinear's output for
 input stands for. QOperator: QLinearConv and its kin read and write integers, with the scales
 among their inputs; onnxruntime names the integer tensor after the float one it replaces
 (``X_quantized``). Dynamic: DynamicQuantizeLinear computes its scale at run time, and
-MatMulInteger/ConvInteger accumulate in int32 under the product of two such scales.
+MatMulInteger/ConvInteger accumulate in int32 under the product of two scales, which a
+``Cast -> Mul`` by that product (``[-> Add]`` of the bias) turns back into the float tensor:
+their scale and zero point are tensors of the model, read from its run.
 """
 
 from __future__ import annotations
@@ -59,12 +61,20 @@ class QTensor:
     stands_for: str | None  # a tensor name of the same model, or of the float model
     rule: str
     integer: bool  # the value is integers (dequantize to compare); else already float
+    # Dynamic quantization: ``scale`` and ``zero_point`` name tensors the model computes.
+    runtime: bool = False
 
 
 @dataclass(frozen=True)
 class QuantGraph:
     tensors: dict[str, QTensor] = field(default_factory=dict)
     unpaired: dict[str, str] = field(default_factory=dict)  # tensor -> why no counterpart
+    # Dynamic chains: an accumulator's scaled float result read by a bias Add -> that Add's
+    # output and the bias (the float model has the biased tensor only).
+    biased: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Float results of dynamic chains (the Mul's, or its bias Add's, output): they stand
+    # for the float tensor of the same name although another op makes them.
+    results: set[str] = field(default_factory=set)
 
     def params_of(self, name: str) -> QTensor | None:
         return self.tensors.get(name)
@@ -90,16 +100,15 @@ def read_quantized(model: LoadedModel) -> QuantGraph:
     out = QuantGraph()
     constants = set(model.constant_nodes)
     quantized: set[str] = set()
+    readers = _readers(model)
     for n in model.nodes:
         if n.name in constants:
             continue
         if n.op_type in _DYNAMIC:
-            for o in n.outputs:
-                out.unpaired[o] = "dynamic quantization: its scale is computed at run time"
+            _dynamic(n, out)
             quantized.update(n.outputs)
         elif n.op_type in _ACCUMULATORS:
-            for o in n.outputs:
-                out.unpaired[o] = "an int32 accumulator, under the product of two run-time scales"
+            _accumulated(model, readers, n, out)
             quantized.update(n.outputs)
         elif n.op_type == "DequantizeLinear":
             _dequantized(model, n, out, quantized)
@@ -113,6 +122,65 @@ def read_quantized(model: LoadedModel) -> QuantGraph:
         elif n.op_type in _PASS_THROUGH and n.inputs and n.inputs[0] in quantized:
             _passed(n, out, quantized)
     return out
+
+
+def _dynamic(n: NodeInfo, out: QuantGraph) -> None:
+    """DynamicQuantizeLinear: y stands for x under the scale and zero point it outputs."""
+    y, scale, zp = (*n.outputs, "", "")[:3]
+    out.tensors[y] = QTensor(y, scale, zp or None, None, n.inputs[0], "run-time scale", True, True)
+    for p, what in ((scale, "scale"), (zp, "zero point")):
+        if p:
+            out.unpaired[p] = f"the run-time {what} of {y} (read from the run to dequantize it)"
+
+
+def _readers(model: LoadedModel) -> dict[str, list[NodeInfo]]:
+    out: dict[str, list[NodeInfo]] = {}
+    for n in model.nodes:
+        for i in dict.fromkeys(n.inputs):
+            out.setdefault(i, []).append(n)
+    return out
+
+
+def _accumulated(
+    model: LoadedModel, readers: dict[str, list[NodeInfo]], n: NodeInfo, out: QuantGraph
+) -> None:
+    """MatMulInteger/ConvInteger: the int32 accumulator and its Cast to float stand for what
+    the ``Mul`` by the product of scales writes, which stands for the float op's output (or,
+    with a bias Add after it, for that output less the bias)."""
+    acc = n.outputs[0]
+    chain = dynamic_chain(readers, acc)
+    if chain is None:
+        out.unpaired[acc] = (
+            "an int32 accumulator not followed by Cast and Mul by its scales: no float value"
+        )
+        return
+    cast, scales, result = chain
+    for t in (acc, cast):
+        out.tensors[t] = QTensor(t, scales, None, None, result, "accumulator × run-time scales",
+                                 True, True)  # fmt: skip
+    after = readers.get(result, [])
+    add = after[0] if len(after) == 1 and after[0].op_type == "Add" else None
+    fixed = set(model.initializers) | set(model.constants)  # a bias Reshape'd at run time
+    bias = [i for i in add.inputs if i != result and i in fixed] if add else []
+    if add is not None and bias:
+        out.biased[result] = (add.outputs[0], bias[0])
+        out.results.add(add.outputs[0])
+    else:
+        out.results.add(result)
+
+
+def dynamic_chain(readers: dict[str, list[NodeInfo]], acc: str) -> tuple[str, str, str] | None:
+    """An accumulator's ``Cast`` output, the product of scales the ``Mul`` after it reads,
+    and that Mul's output: how onnxruntime's quantize_dynamic turns it back into floats."""
+    casts = readers.get(acc, [])
+    if len(casts) != 1 or casts[0].op_type != "Cast":
+        return None
+    cast = casts[0].outputs[0]
+    muls = readers.get(cast, [])
+    if len(muls) != 1 or muls[0].op_type != "Mul":
+        return None
+    scales = [i for i in muls[0].inputs if i != cast]
+    return (cast, scales[0], muls[0].outputs[0]) if len(scales) == 1 else None
 
 
 def _axis(model: LoadedModel, n: NodeInfo) -> int | None:
@@ -158,7 +226,14 @@ def _passed(n: NodeInfo, out: QuantGraph, quantized: set[str]) -> None:
             out.unpaired[o] = f"{n.op_type} of a tensor without known per-tensor parameters"
             continue
         out.tensors[o] = QTensor(
-            o, known.scale, known.zero_point, None, _named_source(o), "onnxruntime's name", True
+            o,
+            known.scale,
+            known.zero_point,
+            None,
+            _named_source(o),
+            "onnxruntime's name",
+            True,
+            known.runtime,
         )
 
 

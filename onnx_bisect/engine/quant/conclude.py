@@ -42,9 +42,12 @@ def conclude(
     cause: RootCause | None,
     *,
     diverged: bool,
+    rows: Sequence[QuantRow] | None = None,
 ) -> QuantConclusion:
-    rows = quant_rows(target, pairing, pairs, view)
-    judged = tuple(requalify(nodes, pairs, rows, weight_floors(target)))
+    """``rows``: the per-tensor table when it was built already (``prelude.py``)."""
+    if rows is None:
+        rows = quant_rows(target, pairing, pairs, view)
+    judged = tuple(requalify(nodes, pairs, rows, weight_floors(target, view, pairing.isolated)))
     named = _float_nodes(target)
     keep: KeepInFloat | None = None
     sensitivity: tuple[Sensitivity, ...] = ()
@@ -63,7 +66,7 @@ def conclude(
         if keep is not None and keep.within:
             judged = tuple(_acquit(judged, named, sensitivity, keep.before))
     new_cause = quant_cause(judged, cause, rows, named) if diverged or cause else cause
-    report = QuantReport(pairing.rule_counts, pairing.unpaired, rows, keep, sensitivity)
+    report = QuantReport(pairing.rule_counts, pairing.unpaired, tuple(rows), keep, sensitivity)
     return QuantConclusion(judged, new_cause, report)
 
 

@@ -3,25 +3,27 @@
 An integer tensor is compared after dequantizing it with its own scale and zero point; fed
 to a node in isolation, the reference's float value is quantized with the same parameters
 (feeding float into a uint8 input is an invalid graph). Each pair carries the rule that made
-it, and each quantized tensor without one the reason.
+it, and each quantized tensor without one the reason. A dynamic model's scales are tensors of
+its own: those pairs wait in ``pending`` until its run gives them (``runtime.py``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import onnx
 
 from onnx_bisect.compare.quant import QParams, dequantize, quantize
 from onnx_bisect.graph.match import Matching
-from onnx_bisect.graph.qdq import QTensor, read_quantized
+from onnx_bisect.graph.qdq import QTensor, QuantGraph, read_quantized
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.graph.weights import tensor_array
 
-__all__ = ["integer_steps", "QuantPairing", "pair_quantized", "qparams"]
+__all__ = ["initializers", "integer_steps", "QuantPairing", "pair_quantized", "qparams"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,24 @@ class QuantPairing:
     rules: dict[str, str]
     unpaired: dict[str, str]
     tensors: dict[str, QTensor]
+    # Paired tensors whose scale and zero point the model computes (dynamic quantization).
+    pending: dict[str, QTensor] = field(default_factory=dict)
+    # Float tensors holding integers (an accumulator's Cast): dequantized to compare, fed
+    # the quantized reference in their own float type.
+    floats: frozenset[str] = frozenset()
+    # A dynamic chain's scaled result before its bias Add -> (that Add's output, the bias).
+    biased: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # The run-time scales and zero points, by the target's names: isolation's operands.
+    values: dict[str, npt.NDArray[Any]] = field(default_factory=dict)
+    # Their parameters as the model computes them from the reference's values, which
+    # isolation feeds: a node's isolated integers are read under these.
+    isolated: dict[str, QParams] = field(default_factory=dict)
+
+    def for_isolation(self) -> QuantPairing:
+        """The pairing isolation reads its outputs with (``isolated``'s parameters)."""
+        if not self.isolated:
+            return self
+        return replace(self, params={**self.params, **self.isolated})
 
     @property
     def rule_counts(self) -> dict[str, int]:
@@ -54,12 +74,18 @@ class QuantPairing:
 
     def dtype(self, name: str) -> np.dtype[Any] | None:
         p = self.params.get(name)
-        return None if p is None else np.dtype(p.dtype)
+        return None if p is None or name in self.floats else np.dtype(p.dtype)
 
 
-def qparams(model: LoadedModel, q: QTensor) -> QParams | None:
+def initializers(model: LoadedModel) -> dict[str, onnx.TensorProto]:
+    return {t.name: t for t in model.model.graph.initializer}
+
+
+def qparams(
+    model: LoadedModel, q: QTensor, inits: dict[str, onnx.TensorProto] | None = None
+) -> QParams | None:
     """The scale and zero point as arrays, from the model's initializers."""
-    inits = {t.name: t for t in model.model.graph.initializer}
+    inits = inits if inits is not None else initializers(model)
     if q.scale not in inits or (q.zero_point is not None and q.zero_point not in inits):
         return None
     scale = np.asarray(tensor_array(inits[q.scale]), dtype=np.float64).ravel()
@@ -78,9 +104,10 @@ def integer_steps(model: LoadedModel) -> dict[str, QParams]:
     """Each integer tensor of a quantized model computed at run time -> its scale and zero
     point: how one model's integers compare across two backends, in real units."""
     graph = read_quantized(model)
+    inits = initializers(model)
     out: dict[str, QParams] = {}
     for name, q in graph.tensors.items():
-        p = qparams(model, q) if q.integer else None
+        p = qparams(model, q, inits) if q.integer else None
         if p is not None:
             out[name] = p
     # A DequantizeLinear's output holds the same grid in floats: as far apart in steps.
@@ -93,25 +120,31 @@ def integer_steps(model: LoadedModel) -> dict[str, QParams]:
 def pair_quantized(ref: LoadedModel, target: LoadedModel, matching: Matching) -> QuantPairing:
     """Pair every quantized tensor of ``target`` with the float model's tensor it stands for,
     or say why not."""
-    graph = read_quantized(target)
+    graph, inits = read_quantized(target), initializers(target)
     known = set(ref.probes) | set(ref.inputs)
     pairs: dict[str, str] = {}
     params: dict[str, QParams] = {}
     rules: dict[str, str] = {}
     unpaired = dict(graph.unpaired)
+    pending: dict[str, QTensor] = {}
+    results = _results(graph, known, matching)
     for name, q in graph.tensors.items():
         source = q.stands_for
         counterpart = None
         if source is not None and q.rule == "onnxruntime's name":
             counterpart = _fused(ref, target, source) if source in known else None
+        elif source in results:
+            counterpart = results[source]
         elif source is not None:
             counterpart = source if source in known else matching.pairs.get(source)
         if counterpart is None:
             why = "no float tensor named after it" if source is None else f"stands for {source}"
             unpaired[name] = why + ", which the float model does not have"
             continue
-        if q.integer:
-            p = qparams(target, q)
+        if q.runtime:
+            pending[name] = q
+        elif q.integer:
+            p = qparams(target, q, inits)
             if p is None:
                 unpaired[name] = "its scale or zero point is not an initializer"
                 continue
@@ -121,7 +154,27 @@ def pair_quantized(ref: LoadedModel, target: LoadedModel, matching: Matching) ->
     for name in matching.excluded:
         if name not in pairs and _same_on_dequantized(ref, target, name, matching.pairs):
             pairs[name], rules[name] = name, "same name, dequantized operands"
-    return QuantPairing(pairs, params, rules, unpaired, graph.tensors)
+    for result, counterpart in results.items():
+        if result not in pairs and matching.pairs.get(result) != counterpart:
+            pairs[result], rules[result] = counterpart, "dynamic chain's float result"
+    floats = frozenset(n for n, q in pending.items() if target.dtypes.get(n) == np.float32)
+    biased = {r: v for r, v in graph.biased.items() if r in results}
+    return QuantPairing(pairs, params, rules, unpaired, graph.tensors, pending, floats, biased)
+
+
+def _results(graph: QuantGraph, known: set[str], matching: Matching) -> dict[str, str]:
+    """A dynamic chain's float results -> the float tensor each stands for: the float op's
+    output of the same name, and before a bias Add, the store's value of it less the bias
+    (kept under the target's own name)."""
+    out: dict[str, str] = {}
+    for name in graph.results:
+        counterpart = name if name in known else matching.pairs.get(name)
+        if counterpart is not None:
+            out[name] = counterpart
+    for before, (after, _) in graph.biased.items():
+        if after in out:
+            out[before] = before
+    return out
 
 
 def _same_on_dequantized(

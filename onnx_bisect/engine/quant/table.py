@@ -13,7 +13,7 @@ import numpy as np
 from onnx_bisect.compare.quant import COARSE_LEVELS, QParams, QuantKind, dequantize, quant_error
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.quant.pairing import QuantPairing, qparams
-from onnx_bisect.graph.qdq import QTensor
+from onnx_bisect.graph.qdq import QTensor, read_quantized
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
 from onnx_bisect.graph.weights import tensor_array
 from onnx_bisect.quant_result import QuantRow
@@ -49,7 +49,8 @@ def quant_rows(
             continue
         with_, at = shared.get(name, ((), ""))
         gone, where = lost.get(name, ((), ""))
-        error = quant_error(view.get(name), p)
+        # A run-time scale is judged as the model sets it on these values (it cannot clip).
+        error = quant_error(view.get(name), pairing.isolated.get(name, p))
         rows[ref] = QuantRow(ref, producer.name, p.describe(), error, with_, at or where, gone)
     return tuple(sorted(rows.values(), key=lambda r: (_ORDER[r.kind], -r.error.rel_l2)))
 
@@ -142,10 +143,17 @@ def _key(p: QParams) -> bytes:
     return p.scale.tobytes() + p.zero_point.tobytes() + p.dtype.encode()
 
 
-def weight_floors(target: LoadedModel) -> dict[str, float]:
+def weight_floors(
+    target: LoadedModel,
+    view: TensorStore | None = None,
+    steps: Mapping[str, QParams] | None = None,
+) -> dict[str, float]:
     """Node -> the relative error its integer weights' rounding predicts (the largest over
-    its weights): a QOperator kernel's own, or a QDQ node's DequantizeLinear'd initializer."""
+    its weights): a QOperator kernel's own, or a QDQ node's DequantizeLinear'd initializer;
+    for a dynamic model's MatMulInteger/ConvInteger also on the reference's inputs in ``view``
+    with its input's rounding at the step ``steps`` gives it (``_on_inputs``)."""
     inits = {t.name: t for t in target.model.graph.initializer}
+    quantized = read_quantized(target).tensors
     out: dict[str, float] = {}
     for n in target.nodes:
         found: list[tuple[str, str, str | None, int | None]] = []
@@ -153,15 +161,82 @@ def weight_floors(target: LoadedModel) -> dict[str, float]:
             w, sc, z = _WEIGHTS[n.op_type]
             if len(n.inputs) > z and n.inputs[w] in inits:
                 found.append((n.inputs[w], n.inputs[sc], n.inputs[z] or None, 0))
+        if n.op_type in _INTEGER and len(n.inputs) > 1 and n.inputs[1] in inits:
+            found += _dynamic_weight(target, quantized, n)
         for i in n.inputs:
             dq = target.producer.get(i)
             if dq is not None and dq.op_type == "DequantizeLinear" and dq.inputs[0] in inits:
                 zp = dq.inputs[2] if len(dq.inputs) > 2 and dq.inputs[2] else None
                 found.append((dq.inputs[0], dq.inputs[1], zp, _axis(target, dq)))
         floors = [f for f in (_weight_floor(target, inits, *w) for w in found) if f is not None]
+        if n.op_type in _INTEGER and view is not None:
+            x_step = (steps or {}).get(n.inputs[0])
+            step = float(np.mean(x_step.scale)) if x_step is not None else 0.0
+            floors += [_on_inputs(target, inits, n, view, step, *w) for w in found]
         if floors:
             out[n.name] = max(floors)
     return out
+
+
+# Dynamic quantization's integer kernels: the weight's axis of a per-channel scale.
+_INTEGER = {"MatMulInteger": 1, "ConvInteger": 0}
+
+
+def _dynamic_weight(
+    target: LoadedModel, quantized: Mapping[str, QTensor], n: NodeInfo
+) -> list[tuple[str, str, str | None, int | None]]:
+    """A MatMulInteger/ConvInteger's weight, zero point and scale: the initializer the Mul
+    making the product of scales reads (the activation's is computed at run time)."""
+    q = quantized.get(n.outputs[0])
+    product = target.producer.get(q.scale) if q is not None else None
+    if product is None or product.op_type != "Mul":
+        return []
+    scales = [i for i in product.inputs if i in target.initializers]
+    zp = n.inputs[3] if len(n.inputs) > 3 and n.inputs[3] else None
+    return [(n.inputs[1], scales[0], zp, _INTEGER[n.op_type])] if len(scales) == 1 else []
+
+
+def _on_inputs(
+    target: LoadedModel,
+    inits: Mapping[str, Any],
+    n: NodeInfo,
+    view: TensorStore,
+    x_step: float,
+    weight: str,
+    scale: str,
+    zero_point: str | None,
+    axis: int | None,
+) -> float:
+    """The relative error rounding the weights of an integer MatMul/Conv adds to its output on
+    the reference's input: each output channel's rounding noise (step² / 12 per weight) times
+    the energy of the inputs it reads. A depthwise Conv whose large input channels meet small
+    weights under one per-tensor step loses more than the weights' own norm says. Plus the
+    input's rounding at ``x_step`` through the weights: each output sums its operands' noise
+    times their weights squared (a DFL Conv's weights 0..15 weigh its inputs' rounding up)."""
+    p = qparams(target, QTensor(weight, scale, zero_point, axis, None, "weight", True))
+    x_name, y_name = n.inputs[0], n.outputs[0]
+    if p is None or x_name not in view or y_name not in view:
+        return 0.0
+    x = np.asarray(view.get(x_name), dtype=np.float64)
+    y_norm = float(np.linalg.norm(np.asarray(view.get(y_name), dtype=np.float64).ravel()))
+    w = tensor_array(inits[weight])
+    outs = w.shape[1] if n.op_type == "MatMulInteger" else w.shape[0]
+    step2 = np.broadcast_to(p.scale**2, (outs,))
+    if n.op_type == "MatMulInteger":
+        noise = float(np.sum(step2)) / 12.0 * float(np.sum(x**2))
+    else:
+        per_group = w.shape[1]  # input channels each output channel reads
+        energy = np.sum(x**2, axis=tuple(i for i in range(x.ndim) if i != 1))
+        groups = energy.reshape(-1, per_group).sum(axis=1)  # one per group
+        reads = np.repeat(groups, outs // groups.size)
+        taps = float(np.prod(w.shape[2:]))
+        y_shape = view.meta(y_name).shape
+        ratio = float(np.prod(y_shape[2:])) / max(float(np.prod(x.shape[2:])), 1.0)
+        noise = float(np.sum(step2 * reads)) / 12.0 * taps * ratio
+    size = float(np.prod(view.meta(y_name).shape))
+    w_real = dequantize(w, p)
+    noise += x_step**2 / 12.0 * float(np.sum(w_real**2)) * size / outs
+    return math.sqrt(noise) / y_norm if y_norm > 0 else 0.0
 
 
 def _axis(target: LoadedModel, n: NodeInfo) -> int | None:

@@ -121,8 +121,8 @@ def quant_cause(
         return RootCause(
             CauseKind.QUANTIZATION,
             (),
-            "no node is wrong alone; the model's scales are computed at run time (dynamic "
-            "quantization), so their rounding is not measured tensor by tensor",
+            "no node is wrong alone; no quantized tensor could be read in real units, so the "
+            "rounding is not measured tensor by tensor",
         )
     acquitted = sum(1 for n in nodes if ACQUITTED in n.note)
     also = (
@@ -130,7 +130,8 @@ def quant_cause(
     )
     reason = (
         "within its quantization error: every node's isolated error is the rounding its "
-        f"scale predicts{also}"
+        f"scale predicts{also}; the outputs differ from the float model's by that rounding, "
+        "not by a fault"
         if not flagged
         else f"no node is wrong alone; {len(flagged)} quantized tensors lose more than rounding "
         f"(worst: {flagged[0].tensor}, {flagged[0].kind.value})"
