@@ -210,6 +210,37 @@ def test_a_short_weight_file_is_named_at_load(ext: Path) -> None:
     )
 
 
+def _per_tensor_files(path: Path) -> None:
+    """``write_external_mlp``'s weights moved to one file per tensor, located by name alone
+    (no offset, no length), as torch.onnx's legacy exporter writes a model over 2 GB."""
+    model = onnx.load(str(path))
+    for t in model.graph.initializer:
+        (path.parent / t.name).write_bytes(t.raw_data)
+        t.ClearField("raw_data")
+        t.data_location = TensorProto.EXTERNAL
+        t.external_data.add(key="location", value=t.name)
+    onnx.save(model, str(path))
+    _data(path).unlink()
+
+
+def test_weights_located_by_name_alone_load_from_any_working_directory(
+    ext: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A location without a length is sized from its file, relative to the model's folder:
+    from another working directory shape inference used to fail ("No such file")."""
+    _per_tensor_files(ext)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    loaded = load_model(Path("..") / "model" / "model.onnx")
+    assert loaded.notes == ()
+    typed = {v.name for v in loaded.model.graph.value_info}
+    assert {"h0", "z1", "a1"} <= typed
+    assert model_bytes(loaded.model).external == sum(W_BYTES) + sum(B_BYTES)
+    values = create_backend("cpu").run(loaded.model, X)
+    assert np.allclose(values["y"], _ort_inline(ext, ["y"])["y"], rtol=1e-6, atol=1e-7)
+
+
 # --- every adapter runs a model whose weights stay in their file ----------------------------
 
 
