@@ -353,6 +353,29 @@ def test_a_model_for_the_own_child_keeps_the_users_files_and_spills_the_rest(
         read_model(path)
 
 
+def test_weights_in_a_file_per_tensor_are_shared_when_their_sum_is_large(
+    ext: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The threshold is on the bytes a run uses in all: an exporter's file per tensor, each
+    under it, is not copied whole at every run (2 GB per run on a Llama)."""
+    _per_tensor_files(ext)
+    files = {t: ext.parent / t for t in ("W0", "b0", "W1", "b1", "W2", "b2")}
+    assert max(p.stat().st_size for p in files.values()) < 1024 < sum(W_BYTES) + sum(B_BYTES)
+    monkeypatch.setattr(weights, "LINK_MIN_BYTES", 1024)
+    monkeypatch.setattr(weights, "_cache", weights.WeightsCache())
+    loaded = load_model(ext)
+    placed = []
+    for run in ("run1", "run2"):
+        path = save_model(loaded.model, tmp_path / run)
+        placed.append(sorted(path.parent.glob("model.onnx*.data")))
+        assert len(placed[-1]) == 6 and all(p.stat().st_nlink >= 2 for p in placed[-1])
+        out = create_backend("cpu").run(read_model(path), X)
+        np.testing.assert_allclose(out["y"], _ort_inline(ext, ["y"])["y"], 1e-6)
+    assert all(os.path.samefile(a, b) for a, b in zip(*placed, strict=True))  # one copy each
+    assert all(p.stat().st_nlink == 1 for p in files.values())  # never the user's own
+    weights.weights_cache().clear()
+
+
 def test_small_weights_are_copied_into_a_plain_file(ext: Path, tmp_path: Path) -> None:
     """Under LINK_MIN_BYTES a run gets its own file, which onnx.load accepts (it refuses a
     file with two links), and the user's file keeps its one link."""
