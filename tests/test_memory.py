@@ -108,6 +108,7 @@ def test_runtimes_take_turns_when_two_copies_of_the_weights_do_not_fit(tmp_path:
     weights = 3 * 64 * 256 * 4 + (256 + 64 + 256) * 4
     roomy = plan_memory(loaded, sizes, 1 << 20, float64=False, feeds=256)
     assert roomy.weights == weights and roomy.side_by_side and roomy.pair
+    assert roomy.pair_chunk == roomy.chunk(runtimes=2) - weights  # each run holds them too
     tight = plan_memory(loaded, sizes, weights + 64 * 1024, float64=False, feeds=256)
     assert tight.chunk(runtimes=2) >= tight.largest  # the chunks alone would pair
     assert not tight.side_by_side and not tight.pair

@@ -78,9 +78,15 @@ class MemoryPlan:
         return 2 * (self.weights + self.working) <= self.free
 
     @property
+    def pair_chunk(self) -> int:
+        """Probe-output bytes each of the reference's and the target's runs may mark when
+        they run at the same time: each holds the weights beside its chunk."""
+        return self.chunk(runtimes=2) - self.weights
+
+    @property
     def pair(self) -> bool:
         """Whether the reference and the target can run a chunk each at the same time."""
-        return self.side_by_side and self.chunk(runtimes=2) - self.weights >= self.largest
+        return self.side_by_side and self.pair_chunk >= self.largest
 
     def oracle_beside(self, parallel: bool) -> int:
         """Plain runs the float64 oracle leaves room for: both of the screen's when it runs

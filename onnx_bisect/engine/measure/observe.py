@@ -177,6 +177,6 @@ def scan(session: Session, store: TensorStore, *, observe_target: bool = True) -
             if name in outputs and name in tgt_out:
                 finals[name] = tgt_out[name]
 
-    chunk_bytes = s.memory.chunk(runtimes=2 if pair else 1)
+    chunk_bytes = s.memory.pair_chunk if pair else s.memory.chunk()
     probe_runs(loaded.model, loaded.probes, s.sizes, chunk_bytes, use)
     return Observed(comparisons, finals)
