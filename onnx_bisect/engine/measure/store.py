@@ -60,7 +60,8 @@ class TensorStore:
             f.write(b"\0" * (offset - self._size))
             f.write(array.reshape(-1).view(np.uint8).data)
         self._size = offset + array.nbytes
-        self._files.pop(name, None)
+        self._files.pop(name, None)  # a value stored again answers for the name
+        self._arrays.pop(name, None)
         self._packed[name] = (path, offset)
 
     def adopt(self, name: str, path: Path, meta: TensorMeta, offset: int | None = None) -> None:
