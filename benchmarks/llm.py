@@ -25,9 +25,17 @@ HIDDEN, INTERMEDIATE, VOCAB, SEQ = 256, 688, 2048, 96
 OPSET = 18
 
 
-def llama(layers: int, path: Path, seed: int = 0) -> Path:
+def llama(
+    layers: int,
+    path: Path,
+    seed: int = 0,
+    *,
+    hidden: int = HIDDEN,
+    intermediate: int = INTERMEDIATE,
+) -> Path:
     """Writes the model of ``layers`` decoder layers to ``path`` (input ``input_ids``
-    ``[1, SEQ]`` int64, output ``logits``) unless it is there already."""
+    ``[1, SEQ]`` int64, output ``logits``) unless it is there already. Past 2 GB of weights
+    the exporter writes them in a file per tensor beside the model."""
     if path.is_file():
         return path
     import torch
@@ -35,8 +43,8 @@ def llama(layers: int, path: Path, seed: int = 0) -> Path:
 
     config = LlamaConfig(
         vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
         num_hidden_layers=layers,
         num_attention_heads=8,
         num_key_value_heads=4,

@@ -36,6 +36,7 @@ from onnx_bisect.engine.oracle import float64
 from onnx_bisect.report.files import REPORT_FILES
 from onnx_bisect.report.manifest import MANIFEST, manifest_text
 from tests.browser import chromium, close, open_page
+from tests.llama_model import LLAMA_BYTES, down_proj, write_external_llama
 from tests.models import FAULTY_RUNTIME, chain, make, write_external_mlp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -562,15 +563,25 @@ def test_after_sigkill_the_next_run_removes_what_the_killed_one_left(
     assert_left_nothing(tmp_path, big_model, out)
 
 
+@pytest.fixture(scope="module")
+def llama_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Llama-style decoder (4 layers of RMSNorm, attention and gated MLP) with 84 MiB of
+    random weights in one external file."""
+    path = tmp_path_factory.mktemp("llama") / "llama.onnx"
+    write_external_llama(path)
+    assert path.with_name("llama.onnx.data").stat().st_size >= LLAMA_BYTES > 64 << 20
+    return path
+
+
 @posix_only
 @pytest.mark.slow
 def test_the_float64_oracle_runs_on_a_large_external_data_model_while_it_loads(
-    tmp_path: Path, big_model: Path
+    tmp_path: Path, llama_model: Path
 ) -> None:
     """Issue 28.1: over 64 MiB of external weights the oracle failed on the tool's own hard
     link ("multiple hard links") and fell back to the slow reference evaluator. The target
     here loads the user's model with plain onnx.load at every run, so a link to the weights
-    while the run is under way fails it."""
+    while the run is under way fails it; a 1% fault in a middle down_proj is named."""
     wrapper = tmp_path / "loads_the_model.py"
     wrapper.write_text(
         "import runpy, sys, onnx\n"
@@ -578,20 +589,21 @@ def test_the_float64_oracle_runs_on_a_large_external_data_model_while_it_loads(
         "sys.argv = sys.argv[2:]\n"
         "runpy.run_path(sys.argv[0], run_name='__main__')\n"
     )
-    cmd = [sys.executable, str(wrapper), str(big_model), str(FAULTY_RUNTIME)]
-    target = "exec:" + shlex.join([*cmd, "{model}", "{inputs}", "{outputs}", "--fault", "mm1=0.05"])
+    cmd = [sys.executable, str(wrapper), str(llama_model), str(FAULTY_RUNTIME)]
+    fault = ["--fault", f"{down_proj(1)}=0.01"]
+    target = "exec:" + shlex.join([*cmd, "{model}", "{inputs}", "{outputs}", *fault])
     out = tmp_path / "out"
-    code, stdout, err = finish(start_bisect(tmp_path, big_model, "-t", target, "-o", str(out)))
+    code, stdout, err = finish(start_bisect(tmp_path, llama_model, "-t", target, "-o", str(out)))
     assert code == 1, stdout + err
     report = json.loads((out / "report.json").read_text())
-    assert report["root_cause"]["nodes"] == ["mm1"]
+    assert report["root_cause"]["nodes"] == [down_proj(1)]
     oracle = [n for n in report["notes"] if n.startswith("--threshold auto:")]
     assert len(oracle) == 1, report["notes"]
     # torch in float64, and no reason why another was not used (an oracle that failed first).
     assert re.fullmatch(
         r"--threshold auto: float64 values from torch \S+ cpu dtype=float64 threads=\d+", oracle[0]
     )
-    assert_left_nothing(tmp_path, big_model, out)
+    assert_left_nothing(tmp_path, llama_model, out)
 
 
 def test_a_threshold_that_fell_back_is_said_next_to_the_verdict(

@@ -131,10 +131,12 @@ def test_planted_fault_in_a_model_over_2gb(large: Path, tmp_path: Path) -> None:
     # The bundle holds a copy of the one weight its node reads (W2, 512 MiB), not the model's.
     data = bundle / "model.onnx.data"
     assert data.stat().st_size == WIDTH * HIDDEN * 4 and data.stat().st_nlink == 1
-    # The weights are read by the reference and the target, once each at a time; the tool
-    # itself holds none of them (ONNX Runtime's packed copy of a MatMul's weights adds ~20%).
+    # The weights are held by the reference (ONNX Runtime in the tool's process: a packed
+    # copy) and the target, one at a time: two copies do not fit the default budget
+    # (MemoryPlan.side_by_side). Measured: 3.17 GiB tree, 1.27x the weights (main 3.10 GiB);
+    # side by side it was 2.3x.
     assert run.peak_main < 1.5 * size.weights
-    assert run.peak_tree < 2.75 * size.weights
+    assert run.peak_tree < 1.75 * size.weights
 
 
 def test_no_divergence_on_the_same_runtime(large: Path, tmp_path: Path) -> None:

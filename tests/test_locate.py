@@ -112,7 +112,9 @@ def test_memory_budget_splits_scan_and_gives_same_answer() -> None:
     target = FaultyBackend(FAULT_NODE)
     small = onnx_bisect.bisect(YOLO, target=target, max_memory=4 << 20)
     assert small.runs["target"] > whole.runs["target"] + 4
-    assert small.runs["ref"] > whole.runs["ref"] + 4  # the reference's scan splits too
+    # The reference's scan splits too; in turns with the target, as 4 MiB cannot hold both
+    # runtimes' copies of the weights beside their chunks, so in chunks twice as large.
+    assert small.runs["ref"] > whole.runs["ref"] + 2
     _check_planted(small, FAULT_NODE)
     a = onnx_bisect.to_frame(whole)[["node", "verdict", "accumulated", "isolated"]]
     b = onnx_bisect.to_frame(small)[["node", "verdict", "accumulated", "isolated"]]

@@ -18,12 +18,13 @@ import pytest
 import onnx_bisect
 from benchmarks.memtree import conv_net, intermediate_bytes, measure
 from onnx_bisect.engine.measure.memory import FIXED_OVERHEAD, plan_memory, working_set
+from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.errors import InputError
 from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
 from onnx_bisect.graph.view import LoadedModel
 from tests.faulty import FaultyBackend
-from tests.models import FAULTY_RUNTIME, ROOT, chain
+from tests.models import FAULTY_RUNTIME, ROOT, chain, write_external_mlp
 
 MIB = 1 << 20
 FAULT = "block10/pw"
@@ -95,6 +96,46 @@ def test_backends_scan_in_turn_when_a_pair_does_not_fit() -> None:
     assert tight.runs["ref"] == 1 + chunks and roomy.runs["ref"] == 2
     assert [n.verdict for n in tight.nodes] == [n.verdict for n in roomy.nodes]
     assert tight.root_cause is not None and tight.root_cause.nodes == ("block2/dw",)
+
+
+def test_runtimes_take_turns_when_two_copies_of_the_weights_do_not_fit(tmp_path: Path) -> None:
+    """Each runtime holds the weights while it runs: side by side only when the budget holds
+    both copies, whatever the chunks; in turn, the planted fault is still named."""
+    path = tmp_path / "model.onnx"
+    write_external_mlp(path, blocks=3, width=64, hidden=256)
+    loaded = load_model(path)
+    sizes = tensor_nbytes(fix_input_shapes(loaded.model, {"x": (1, 64)}))
+    weights = 3 * 64 * 256 * 4 + (256 + 64 + 256) * 4
+    roomy = plan_memory(loaded, sizes, 1 << 20, float64=False, feeds=256)
+    assert roomy.weights == weights and roomy.side_by_side and roomy.pair
+    assert roomy.pair_chunk == roomy.chunk(runtimes=2) - weights  # each run holds them too
+    tight = plan_memory(loaded, sizes, weights + 64 * 1024, float64=False, feeds=256)
+    assert tight.chunk(runtimes=2) >= tight.largest  # the chunks alone would pair
+    assert not tight.side_by_side and not tight.pair
+    result = onnx_bisect.bisect(
+        path, target=FaultyBackend("mm1"), max_memory=weights + 64 * 1024, threshold=1e-3
+    )
+    assert result.root_cause is not None and result.root_cause.nodes == ("mm1",)
+
+
+def test_a_disk_store_packs_values_into_few_files(tmp_path: Path) -> None:
+    """Thousands of values, a few files; each read back as put, also while its file fills."""
+    store = TensorStore(tmp_path / "store")
+    rng = np.random.default_rng(0)
+    values = {f"t{i}": rng.standard_normal((i % 7, 3)).astype(np.float32) for i in range(3000)}
+    values |= {"scalar": np.array(2.5), "flags": np.array([True, False]), "big": np.arange(9e6)}
+    for name, value in values.items():
+        store.put(name, value)
+        assert np.array_equal(store.get(name), value)
+    store.put("t5", np.ones(4, np.int64))  # a name stored again reads its new value
+    values["t5"] = np.ones(4, np.int64)
+    for name, value in values.items():
+        got = store.get(name)
+        assert got.dtype == value.dtype and got.shape == value.shape
+        assert np.array_equal(got, value)
+    # A file takes values until it passes PACK_BYTES: 3,002 values and the 72 MB "big" in the
+    # first, the second "t5" in the next.
+    assert len(list((tmp_path / "store").iterdir())) == 2
 
 
 def test_torch_streams_every_probe_in_one_run() -> None:

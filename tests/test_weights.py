@@ -210,6 +210,37 @@ def test_a_short_weight_file_is_named_at_load(ext: Path) -> None:
     )
 
 
+def _per_tensor_files(path: Path) -> None:
+    """``write_external_mlp``'s weights moved to one file per tensor, located by name alone
+    (no offset, no length), as torch.onnx's legacy exporter writes a model over 2 GB."""
+    model = onnx.load(str(path))
+    for t in model.graph.initializer:
+        (path.parent / t.name).write_bytes(t.raw_data)
+        t.ClearField("raw_data")
+        t.data_location = TensorProto.EXTERNAL
+        t.external_data.add(key="location", value=t.name)
+    onnx.save(model, str(path))
+    _data(path).unlink()
+
+
+def test_weights_located_by_name_alone_load_from_any_working_directory(
+    ext: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A location without a length is sized from its file, relative to the model's folder:
+    from another working directory shape inference used to fail ("No such file")."""
+    _per_tensor_files(ext)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    loaded = load_model(Path("..") / "model" / "model.onnx")
+    assert loaded.notes == ()
+    typed = {v.name for v in loaded.model.graph.value_info}
+    assert {"h0", "z1", "a1"} <= typed
+    assert model_bytes(loaded.model).external == sum(W_BYTES) + sum(B_BYTES)
+    values = create_backend("cpu").run(loaded.model, X)
+    assert np.allclose(values["y"], _ort_inline(ext, ["y"])["y"], rtol=1e-6, atol=1e-7)
+
+
 # --- every adapter runs a model whose weights stay in their file ----------------------------
 
 
@@ -320,6 +351,29 @@ def test_a_model_for_the_own_child_keeps_the_users_files_and_spills_the_rest(
     assert all(np.array_equal(values[k], v) for k, v in original.items())
     with pytest.raises(ModelLoadError, match="outside the model's directory"):
         read_model(path)
+
+
+def test_weights_in_a_file_per_tensor_are_shared_when_their_sum_is_large(
+    ext: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The threshold is on the bytes a run uses in all: an exporter's file per tensor, each
+    under it, is not copied whole at every run (2 GB per run on a Llama)."""
+    _per_tensor_files(ext)
+    files = {t: ext.parent / t for t in ("W0", "b0", "W1", "b1", "W2", "b2")}
+    assert max(p.stat().st_size for p in files.values()) < 1024 < sum(W_BYTES) + sum(B_BYTES)
+    monkeypatch.setattr(weights, "LINK_MIN_BYTES", 1024)
+    monkeypatch.setattr(weights, "_cache", weights.WeightsCache())
+    loaded = load_model(ext)
+    placed = []
+    for run in ("run1", "run2"):
+        path = save_model(loaded.model, tmp_path / run)
+        placed.append(sorted(path.parent.glob("model.onnx*.data")))
+        assert len(placed[-1]) == 6 and all(p.stat().st_nlink >= 2 for p in placed[-1])
+        out = create_backend("cpu").run(read_model(path), X)
+        np.testing.assert_allclose(out["y"], _ort_inline(ext, ["y"])["y"], 1e-6)
+    assert all(os.path.samefile(a, b) for a, b in zip(*placed, strict=True))  # one copy each
+    assert all(p.stat().st_nlink == 1 for p in files.values())  # never the user's own
+    weights.weights_cache().clear()
 
 
 def test_small_weights_are_copied_into_a_plain_file(ext: Path, tmp_path: Path) -> None:

@@ -85,9 +85,10 @@ def _load_path(path: Path, notes: list[str]) -> onnx.ModelProto:
     odd = next(_undecodable_names(proto.graph), None)
     if odd is not None:
         raise ModelLoadError(f"{path}: not a valid ONNX model (a name is not UTF-8 text: {odd!r})")
-    proto = _infer_shapes(proto, path, notes)
+    # Located first: a location without a length is sized from its file, which a relative
+    # path finds only from the model's directory, not from wherever the command runs.
     resolve_locations(proto, path.parent, str(path))
-    return proto
+    return _infer_shapes(proto, path, notes)
 
 
 def _undecodable_names(graph: onnx.GraphProto) -> Iterator[bytes]:
@@ -135,7 +136,10 @@ def _infer_shapes(proto: onnx.ModelProto, path: Path | None, notes: list[str]) -
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "inferred.onnx"
             onnx.shape_inference.infer_shapes_path(str(path), str(out), data_prop=True)
-            return onnx.load(str(out), load_external_data=False)
+            inferred = onnx.load(str(out), load_external_data=False)
+        # The file's locations again, relative to the model's directory.
+        resolve_locations(inferred, path.parent, str(path))
+        return inferred
     except Exception as exc:
         # Custom domains and some contrib ops defeat inference; probes still work without it.
         notes.append(f"shape inference failed, continuing without it: {_first_line(exc)}")

@@ -5,7 +5,9 @@ final outputs, reference values kept in memory), the probe outputs of the runs i
 runtime's working set while it runs (in-process or in a child process), isolation feeds, and
 the values being compared. It does not cover the fixed overhead (the interpreter and its
 libraries, each child runtime's own start-up, comparisons' float64 blocks), nor the model's
-weights; benchmarks/bench_memory.py measures what that adds up to.
+weights; benchmarks/bench_memory.py measures what that adds up to. One runtime's copy of the
+weights is a cost no plan avoids; a second at the same time is a choice, so whether the
+reference and the target run side by side counts both copies against the budget.
 
 Every figure is computed from shape inference before any run, so the split is known, and a
 budget too small for one run is an error, before any work.
@@ -17,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from onnx_bisect.errors import InputError
+from onnx_bisect.graph.sizes import model_bytes
 from onnx_bisect.graph.view import LoadedModel
 
 __all__ = ["FIXED_OVERHEAD", "KEEP_FRACTION", "MemoryPlan", "plan_memory", "working_set"]
@@ -38,7 +41,8 @@ class MemoryPlan:
     ``largest``: the largest probe (``name``). ``working``: what a runtime holds while it runs
     the plain model (``working_set``). ``held``: what the tool keeps for the whole diagnosis.
     ``compare``: the reference values being compared with one tensor (the reference's and the
-    float64 oracle's, memory-mapped in)."""
+    float64 oracle's, memory-mapped in). ``weights``: the model's weights, which a runtime holds
+    while it runs (ONNX Runtime a packed copy of them: 1.06x on a 2 GB Llama)."""
 
     budget: int
     largest: int
@@ -47,6 +51,7 @@ class MemoryPlan:
     probes: int
     held: int
     compare: int
+    weights: int = 0
 
     @property
     def free(self) -> int:
@@ -66,9 +71,22 @@ class MemoryPlan:
         return (room - factor * self.working) // factor
 
     @property
+    def side_by_side(self) -> bool:
+        """Whether the reference and the target may run the plain model at the same time:
+        each holds the weights and its working set. Otherwise they take turns (a 2 GB
+        model's two copies of its weights would be most of the process tree's peak)."""
+        return 2 * (self.weights + self.working) <= self.free
+
+    @property
+    def pair_chunk(self) -> int:
+        """Probe-output bytes each of the reference's and the target's runs may mark when
+        they run at the same time: each holds the weights beside its chunk."""
+        return self.chunk(runtimes=2) - self.weights
+
+    @property
     def pair(self) -> bool:
         """Whether the reference and the target can run a chunk each at the same time."""
-        return self.chunk(runtimes=2) >= self.largest
+        return self.side_by_side and self.pair_chunk >= self.largest
 
     def oracle_beside(self, parallel: bool) -> int:
         """Plain runs the float64 oracle leaves room for: both of the screen's when it runs
@@ -160,7 +178,8 @@ def plan_memory(
     held += 2 * total if float64 and plan.keeps(2) else 0
     # A comparison maps in the reference's value of one tensor and the oracle's (float64).
     compare = 3 * largest if float64 else largest
-    return MemoryPlan(budget, largest, name, plan.working, total, held, compare)
+    weights = model_bytes(loaded.model).weights
+    return MemoryPlan(budget, largest, name, plan.working, total, held, compare, weights)
 
 
 def _probe_sizes(names: Sequence[str], sizes: Mapping[str, int | None]) -> dict[str, int]:

@@ -80,7 +80,7 @@ def screen(session: Session, *, final: bool = False) -> Observed:
     ref_out, tgt_out = run_pair(
         lambda: timed_run(s.ref, loaded.model, s.feeds, "ref", s.stats),
         lambda: timed_run(s.target, strict_copy(other.model), s.feeds, "target", s.stats),
-        s.options.parallel,
+        s.options.parallel and s.memory.side_by_side,
     )
     names = [n for n in loaded.outputs if n in set(other.outputs)]
     shown = [n for n in names if answered(n, s.ref, ref_out, s.target, tgt_out)]
@@ -136,8 +136,9 @@ def scan(session: Session, store: TensorStore, *, observe_target: bool = True) -
     The reference's values go to ``store`` for isolation; the target's are compared and dropped
     (its final outputs are kept). Without ``observe_target`` only the reference runs, to fill
     ``store`` for a search that observes the target elsewhere. The two run side by side when
-    the budget holds a chunk of each (``MemoryPlan.pair``); otherwise the reference's values
-    are stored and dropped before the target runs, and each chunk may be twice as large.
+    the budget holds a chunk and the weights of each (``MemoryPlan.pair``); otherwise the
+    reference's values are stored and dropped before the target runs, and each chunk may be
+    twice as large.
     """
     s, loaded = session, session.loaded
     pair = observe_target and s.options.parallel and s.memory.pair
@@ -176,6 +177,6 @@ def scan(session: Session, store: TensorStore, *, observe_target: bool = True) -
             if name in outputs and name in tgt_out:
                 finals[name] = tgt_out[name]
 
-    chunk_bytes = s.memory.chunk(runtimes=2 if pair else 1)
+    chunk_bytes = s.memory.pair_chunk if pair else s.memory.chunk()
     probe_runs(loaded.model, loaded.probes, s.sizes, chunk_bytes, use)
     return Observed(comparisons, finals)
