@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from onnx_bisect.cli import bisect_app
 from onnx_bisect.graph.refloat import integer_kernels, restore_float
 from tests import quant_models as qm
+from tests.models import make
 
 pytest.importorskip("onnxruntime.quantization")
 
@@ -122,3 +123,30 @@ def test_a_dynamic_blocks_sensitive_matmul_is_named_by_its_float_name(tmp_path: 
     _, redone = qm.quantized(_sensitive_block(), again, "dynamic", nodes_to_exclude=["o_proj"])
     code2, report2, _ = _bisect(src, redone, tmp_path / "out2", *goal)
     assert report2["quantization"]["keep_in_float"]["before"] <= keep["after"] * 1.05
+
+
+def test_a_dynamic_gemm_is_named_as_quantize_dynamic_excludes_it(tmp_path: Path) -> None:
+    """quantize_dynamic splits a Gemm into ``<Gemm>_MatMul`` and ``<Gemm>_Add`` and matches
+    nodes_to_exclude against those: the kernel is named ``fc_MatMul``, and that name given
+    back to it leaves the MatMul in float."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "W")
+    b = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")
+    node = onnx.helper.make_node("Gemm", ["x", "W", "b"], ["y"], name="fc")
+    model = make(
+        [node],
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 16])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4, 8])],
+        [w, b],
+    )
+    src, dst = qm.quantized(model, tmp_path, "dynamic")
+    found = integer_kernels(onnx.load(dst), onnx.load(src))
+    assert list(found.kernels) == ["fc_MatMul"]
+    patched = restore_float(onnx.load(dst), {found.kernels["fc_MatMul"]: "fc_MatMul"}, model)
+    onnx.checker.check_model(patched, full_check=True)
+    feeds = {"x": rng.random((4, 16)).astype(np.float32)}
+    np.testing.assert_allclose(_run(patched, feeds)[0], _run(model, feeds)[0], rtol=1e-5)
+    again = tmp_path / "again"
+    again.mkdir()
+    _, redone = qm.quantized(model, again, "dynamic", nodes_to_exclude=["fc_MatMul"])
+    assert "MatMulInteger" not in {n.op_type for n in onnx.load(redone).graph.node}

@@ -12,8 +12,8 @@ weight, writing the Mul's output; the DynamicQuantizeLinear and scales Mul stay 
 node reads them.
 
 Kernels are named as ``quantize_static/quantize_dynamic(nodes_to_exclude=...)`` takes them:
-the float model's node (the kernel's name less ``_quant``, else the float node reading its
-weight).
+the node onnxruntime's quantizer quantized (the kernel's name less ``_quant``), else the float
+node reading its weight.
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ class FloatKernels:
 
 def integer_kernels(model: onnx.ModelProto, float_model: onnx.ModelProto) -> FloatKernels:
     """The target's integer kernels that ``restore_float`` can put back in float."""
-    float_nodes = {n.name for n in float_model.graph.node}
     weight_readers: dict[str, str] = {}
     for n in float_model.graph.node:
         for i in n.input:
@@ -75,8 +74,11 @@ def integer_kernels(model: onnx.ModelProto, float_model: onnx.ModelProto) -> Flo
         if why:
             skipped[n.name] = why
             continue
+        # onnxruntime names a kernel after the node it quantized, which is what its
+        # nodes_to_exclude matches: a float node, or the ``<Gemm>_MatMul`` quantize_dynamic
+        # splits a Gemm into (excluding the Gemm's own name leaves that MatMul quantized).
         name = n.name.removesuffix(_SUFFIX)
-        if name not in float_nodes:
+        if not n.name.endswith(_SUFFIX) or not name:
             weights = [i.removesuffix("_quantized") for i in n.input if i in inits]
             name = next((weight_readers[w] for w in weights if w in weight_readers), name)
         if name in kernels:

@@ -138,7 +138,8 @@ def _suspects(target: LoadedModel, rows: Sequence[QuantRow]) -> list[str]:
         if r.shared_at in names:
             out.append(r.shared_at)
         for t in (*r.lost, r.tensor):
-            maker = target.producer.get(t)
+            # A QOperator model has the float tensor's integers only (``<name>_quantized``).
+            maker = target.producer.get(t) or target.producer.get(f"{t}_quantized")
             if maker is not None:
                 out.append(maker.name)
     return list(dict.fromkeys(out))
