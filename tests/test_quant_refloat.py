@@ -99,6 +99,7 @@ def test_a_qoperator_concat_of_a_unit_and_a_wide_branch_is_kept_in_float(
     patched = tmp_path / "out" / "repro" / "keep_in_float.onnx"
     onnx.checker.check_model(onnx.load(patched), full_check=True)
     assert report["quantization"]["sensitivity"][0]["node"] == "head_concat"
+    assert report["root_cause"]["nodes"] == ["head_concat"]
     assert "nodes_to_exclude=['head_concat']" in output
     # onnxruntime's own quantizer, told to leave that node out, does at least as well.
     again = tmp_path / "again"
