@@ -51,11 +51,32 @@ def _sensitive_block() -> onnx.ModelProto:
     return model
 
 
+def _pools() -> onnx.ModelProto:
+    """Conv with a bias -> LeakyRelu -> AveragePool -> GlobalAveragePool: onnxruntime's
+    QOperator form has QLinearLeakyRelu and QLinearAveragePool (com.microsoft)."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) / 5).astype(np.float32), "W")
+    b = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "B")
+    h = onnx.helper
+    nodes = [
+        h.make_node("Conv", ["x", "W", "B"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        h.make_node("LeakyRelu", ["c"], ["l"], name="leaky", alpha=0.1),
+        h.make_node("AveragePool", ["l"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+        h.make_node("GlobalAveragePool", ["p"], ["y"], name="gap"),
+    ]
+    return make(
+        nodes,
+        [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(qm.DETECTOR_SHAPE))],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 1, 1])],
+        [w, b],
+    )
+
+
 @pytest.mark.parametrize(
     ("build", "form"),
     [(qm.detector, "qoperator"), (qm.block, "qoperator"), (qm.block, "dynamic"),
-     (qm.detector, "dynamic")],
-    ids=["detector-qop", "block-qop", "block-dynamic", "detector-dynamic"],
+     (qm.detector, "dynamic"), (_pools, "qoperator")],
+    ids=["detector-qop", "block-qop", "block-dynamic", "detector-dynamic", "pools-qop"],
 )  # fmt: skip
 def test_every_integer_kernel_back_in_float_is_the_float_model(
     build: Any, form: str, tmp_path: Path
@@ -83,7 +104,7 @@ def test_every_integer_kernel_back_in_float_is_the_float_model(
     quantized = _run(str(dst), feeds)
     for e, g, q in zip(expected, got, quantized, strict=True):
         assert np.linalg.norm(g - e) < 0.5 * np.linalg.norm(q - e)
-    if build is qm.detector:  # no integer tensor left between the kernels
+    if build in (qm.detector, _pools):  # no integer tensor left between the kernels
         np.testing.assert_allclose(got[0], expected[0], rtol=1e-4, atol=1e-4)
 
 
@@ -151,3 +172,14 @@ def test_a_dynamic_gemm_is_named_as_quantize_dynamic_excludes_it(tmp_path: Path)
     again.mkdir()
     _, redone = qm.quantized(model, again, "dynamic", nodes_to_exclude=["fc_MatMul"])
     assert "MatMulInteger" not in {n.op_type for n in onnx.load(redone).graph.node}
+
+
+def test_an_integer_kernel_without_a_float_form_is_skipped_and_said() -> None:
+    h = onnx.helper
+    where = h.make_node(
+        "QLinearWhere", ["c", "a", "s", "z", "b", "s", "z", "s", "z"], ["y"], name="w_quant",
+        domain="com.microsoft",
+    )  # fmt: skip
+    found = integer_kernels(h.make_model(h.make_graph([where], "g", [], [])), qm.block())
+    assert found.kernels == {}
+    assert found.skipped == {"w_quant": "QLinearWhere has no float form here"}
