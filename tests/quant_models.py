@@ -130,7 +130,7 @@ def quantized(
     onnx.save(model, str(src))
     dst = tmp / f"{form}.onnx"
     if form == "dynamic":
-        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, **kwargs)  # type: ignore[arg-type]
         return src, dst
     first = model.graph.input[0]
     shape = tuple(d.dim_value for d in first.type.tensor_type.shape.dim)

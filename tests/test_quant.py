@@ -108,8 +108,13 @@ def test_dynamic_quantization_is_compared_under_its_run_time_scales(
     cause = report["root_cause"]
     assert cause["kind"] == "quantization" and not cause["nodes"]  # type: ignore[index]
     assert "within its quantization error" in cause["reason"]  # type: ignore[index]
-    # No keep-in-float search for this form: the verdict is the terminal's first answer.
-    assert output.splitlines()[1].startswith("Quantization: within its quantization error")
+    # The keep-in-float search runs for this form too: nothing small to keep in float, and
+    # every node it measured is the float model's.
+    keep = quant["keep_in_float"]  # type: ignore[index]
+    assert keep["nodes"] == [] and keep["runs"] > 2
+    floats = {n.name for n in onnx.load(src).graph.node}
+    assert {s["node"] for s in quant["sensitivity"]} <= floats  # type: ignore[index]
+    assert output.splitlines()[1].startswith("Quantization: ")
 
 
 def test_a_wrong_integer_kernel_of_a_dynamic_model_is_the_culprit(tmp_path: Path) -> None:

@@ -14,6 +14,8 @@ from onnx_bisect.engine.quant.pairing import QuantPairing
 from onnx_bisect.engine.quant.table import quant_rows, weight_floors
 from onnx_bisect.engine.quant.verdicts import ACQUITTED, quant_cause, requalify
 from onnx_bisect.engine.session import Session
+from onnx_bisect.graph.refloat import integer_kernels
+from onnx_bisect.graph.unquantize import is_qdq
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.quant_result import KeepInFloat, QuantReport, QuantRow, Sensitivity
 from onnx_bisect.result import NodeResult, RootCause, Verdict
@@ -48,7 +50,7 @@ def conclude(
     if rows is None:
         rows = quant_rows(target, pairing, pairs, view)
     judged = tuple(requalify(nodes, pairs, rows, weight_floors(target, view, pairing.isolated)))
-    named = _float_nodes(target)
+    named = _float_nodes(target, session.loaded)
     keep: KeepInFloat | None = None
     sensitivity: tuple[Sensitivity, ...] = ()
     if diverged:
@@ -112,10 +114,14 @@ def _ranked(nodes: Sequence[NodeResult], named: Mapping[str, str]) -> list[str]:
 _QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 
-def _float_nodes(target: LoadedModel) -> dict[str, str]:
+def _float_nodes(target: LoadedModel, ref: LoadedModel) -> dict[str, str]:
     """Each QuantizeLinear/DequantizeLinear -> the float node whose output it quantizes (back
-    through the Q/DQ chain): the node to name, and to keep in float."""
-    out: dict[str, str] = {}
+    through the Q/DQ chain), and each integer kernel of a QOperator or dynamic model -> the
+    float node it stands for: the node to name, and to keep in float."""
+    kernels: dict[str, str] = {}
+    if not is_qdq(target):
+        kernels = {k: n for n, k in integer_kernels(target.model, ref.model).kernels.items()}
+    out: dict[str, str] = dict(kernels)
     for n in target.nodes:
         if n.op_type not in _QDQ:
             continue
@@ -123,7 +129,7 @@ def _float_nodes(target: LoadedModel) -> dict[str, str]:
         while at.op_type in _QDQ and at.inputs and at.inputs[0] in target.producer:
             at = target.producer[at.inputs[0]]
         if at.op_type not in _QDQ:
-            out[n.name] = at.name
+            out[n.name] = kernels.get(at.name, at.name)
     return out
 
 
@@ -138,7 +144,8 @@ def _suspects(target: LoadedModel, rows: Sequence[QuantRow]) -> list[str]:
         if r.shared_at in names:
             out.append(r.shared_at)
         for t in (*r.lost, r.tensor):
-            maker = target.producer.get(t)
+            # A QOperator model has the float tensor's integers only (``<name>_quantized``).
+            maker = target.producer.get(t) or target.producer.get(f"{t}_quantized")
             if maker is not None:
                 out.append(maker.name)
     return list(dict.fromkeys(out))

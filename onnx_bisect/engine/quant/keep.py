@@ -1,7 +1,9 @@
 """The smallest set of nodes to keep in float: ddmin over the quantized nodes (the pass
 search's machinery, ``engine/passes/search.py``), each subset tried by running the target
-model with that subset's Q/DQ removed (``graph/unquantize.py``), until the outputs meet the
-goal. The set found is run once more to verify it; each node alone gives the sensitivity."""
+model with that subset's Q/DQ removed (``graph/unquantize.py``), or, in a QOperator or
+dynamic model, its integer kernels put back in float (``graph/refloat.py``), until the
+outputs meet the goal. The set found is run once more to verify it; each node alone gives
+the sensitivity."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.passes.search import find_guilty
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
+from onnx_bisect.graph.refloat import integer_kernels, restore_float
 from onnx_bisect.graph.unquantize import is_qdq, keep_in_float, quantized_nodes
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
 from onnx_bisect.quant_result import KeepInFloat, Sensitivity
@@ -84,20 +87,18 @@ def search_keep_in_float(
 ) -> tuple[KeepInFloat | None, tuple[Sensitivity, ...]]:
     """The keep-in-float set and the per-node sensitivity, most sensitive first (``suspects``,
     what the per-tensor table and the verdicts flag, measured first, then ``ranked``, then the
-    rest in graph order); None when the model has no quantized node (QOperator and dynamic
-    forms: the search needs QDQ)."""
-    candidates = quantized_nodes(target)
-    if not candidates or not is_qdq(target):
-        return None, ()
+    rest in graph order); None when the model has no node that can be kept in float. Nodes
+    are the float model's, as ``nodes_to_exclude`` takes them."""
     ref_model = session.loaded
+    candidates, patch, skipped, alias = _patcher(ref_model, target)
+    if not candidates:
+        return None, ()
     reference = timed_run(session.ref, ref_model.model, session.feeds, "ref", session.stats)
     ref_out = {o: reference[o] for o in ref_model.outputs}
-    weights = _float_weights(ref_model, target, candidates)
-    dropped = _dropped_activations(ref_model, target)
     measure, goal_text = _goal(session, ref_out)
 
     def run(keep: Collection[str]) -> float:
-        model = keep_in_float(target, keep, weights, dropped)
+        model = patch(keep)
         try:
             out = timed_run(session.target, model, session.feeds, "target", session.stats)
         except BackendError as exc:
@@ -110,7 +111,8 @@ def search_keep_in_float(
 
     goal = session.options.quant_goal
     trials = _Trials(run, goal if goal is not None else float("inf"))
-    suspects = [n for n in suspects if n in candidates]
+    suspects = [n for n in dict.fromkeys(alias.get(n, n) for n in suspects) if n in candidates]
+    ranked = [alias.get(n, n) for n in ranked]
     order = [n for n in dict.fromkeys([*suspects, *ranked, *candidates]) if n in candidates]
     with session.timer.stage("keep in float"):
         before, every = trials.error(()), trials.error(candidates)
@@ -127,12 +129,38 @@ def search_keep_in_float(
         after = trials.error(keep) if keep else before
         path = ""
         if keep and model_path:
-            onnx.save(keep_in_float(target, keep, weights, dropped), model_path)
+            onnx.save(patch(keep), model_path)
             path = model_path
+    if skipped:
+        note = f"{note + '; ' if note else ''}{skipped}"
     found = KeepInFloat(
         keep, goal_text, before, after, after <= trials.limit, trials.runs, path, note
     )
     return found, sensitivity
+
+
+def _patcher(
+    ref: LoadedModel, target: LoadedModel
+) -> tuple[tuple[str, ...], Callable[[Collection[str]], onnx.ModelProto], str, dict[str, str]]:
+    """The nodes that can be kept in float (the float model's names), the target with a
+    set of them in float, which integer kernels cannot be (said in the answer's note), and
+    each integer kernel's float name (what the table and verdicts name it by)."""
+    if is_qdq(target):
+        candidates = quantized_nodes(target)
+        weights = _float_weights(ref, target, candidates)
+        dropped = _dropped_activations(ref, target)
+        return candidates, lambda keep: keep_in_float(target, keep, weights, dropped), "", {}
+    found = integer_kernels(target.model, ref.model)
+    kernels = found.kernels
+
+    def patch(keep: Collection[str]) -> onnx.ModelProto:
+        return restore_float(target.model, {kernels[n]: n for n in keep}, ref.model)
+
+    skipped = ""
+    if found.skipped:
+        shown = "; ".join(f"{k}: {why}" for k, why in list(found.skipped.items())[:3])
+        skipped = f"{plural(len(found.skipped), 'integer kernel')} kept quantized ({shown})"
+    return tuple(kernels), patch, skipped, {v: k for k, v in kernels.items()}
 
 
 def _sensitivity(trials: _Trials, order: Sequence[str]) -> tuple[Sensitivity, ...]:
