@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -17,6 +19,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnx_bisect
 from onnx_bisect import Verdict
+from onnx_bisect.backends.protocol import BackendBase, Tensors
+from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.compare.precision import (
     DATA_MOVEMENT,
     Precision,
@@ -228,6 +233,32 @@ def test_a_declared_lower_precision_agrees_within_its_floors(
     assert first.isolated is not None
 
 
+def test_the_reports_say_the_precision_and_every_nodes_floor(net: Path, tmp_path: Path) -> None:
+    """Issue 25 scope 7: the terminal and report.md lead with the answer and what each side
+    computes in; report.json has each node's precision floors; report.html's curve draws the
+    precision floor beside the fp32 one."""
+    import json
+
+    result = onnx_bisect.bisect(net, ref="cpu", target="cpu+fp16", always_scan=True)
+    onnx_bisect.write_reports(result, tmp_path, formats=("md", "json", "html"))
+    precision = "the target computes in float16 (declared: the +fp16 transform)"
+    for text in (result.summary(), (tmp_path / "report.md").read_text()):
+        head = "\n".join(text.splitlines()[:6])
+        assert "agrees within float16 precision: " in head and precision in head, head
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["target"]["precision"]["precision"] == "float16"
+    assert data["target"]["precision"]["source"] == "declared"
+    computed = [n for n in data["nodes"] if n["isolated"] and n["accumulated"]]
+    assert len(computed) >= 9 and all(n["accumulated"]["precision_floor"] > 0 for n in computed)
+    assert all(n["isolated"]["precision_floor"] is not None for n in computed)
+    assert {n["verdict"] for n in data["nodes"]} <= {"ok", "precision", "not-probed"}
+    if importlib.util.find_spec("matplotlib") is not None:
+        html = (tmp_path / "report.html").read_text()
+        figure = html[html.index('<div class="figure"><svg') :]
+        figure = figure[: figure.index("</svg>")]
+        assert "float16 precision floor" in figure and "fp32 noise floor" in figure
+
+
 def test_a_faithful_exec_runtime_declared_with_target_precision_agrees(net: Path) -> None:
     result = onnx_bisect.bisect(
         net, ref="cpu", target=_lowp(), target_precision="float16", always_scan=True
@@ -351,6 +382,54 @@ def test_openvino_at_f32_agrees(net: Path) -> None:
         pytest.skip("openvino is not installed")
     result = onnx_bisect.bisect(net, ref="cpu", target="openvino?precision=f32")
     assert result.verdict is Outcome.MATCH
+
+
+class TailOffSigmoid(BackendBase):
+    """ONNX Runtime, except that every output value under 1e-6 comes back ``off`` higher: a
+    Sigmoid inaccurate in its tail, where its outputs are 1e-7."""
+
+    def __init__(self, off: float) -> None:
+        super().__init__(BackendSpec(text=f"tail-off({off:g})", name="tail-off"))
+        self.off = off
+        self.inner = create_backend("cpu")
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, Any]) -> Tensors:
+        out = dict(self.inner.run(model, feeds))
+        return {k: np.where(v < 1e-6, v + np.float32(self.off), v) for k, v in out.items()}
+
+
+def sigmoid_map() -> onnx.ModelProto:
+    """A probability map of 128x128 values at most 1.1e-7, but one near 1."""
+    spike = np.zeros((1, 1, 128, 128), np.float32)
+    spike[0, 0, 5, 5] = 40
+    inits = [_init("scale", np.array(18.0)), _init("shift", np.array(-34.0)), _init("spike", spike)]
+    nodes = [
+        helper.make_node("Mul", ["x", "scale"], ["a"], name="scale"),
+        helper.make_node("Add", ["a", "shift"], ["b"], name="shift"),
+        helper.make_node("Add", ["b", "spike"], ["c"], name="spike"),
+        helper.make_node("Sigmoid", ["c"], ["y"], name="sigmoid"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "sigmoid_map",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 128, 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 128, 128])],
+        initializer=inits,
+    )
+    return helper.make_model(graph, ir_version=IR, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def test_an_error_negligible_against_the_peak_is_a_note_with_both_figures() -> None:
+    """Issue 25 scope 6: errors of 5e-7 on a probability map peaking at 1 are said, with both
+    figures, and not counted; ten times more than 1e-6 of the peak is a divergence."""
+    result = onnx_bisect.bisect(sigmoid_map(), ref="cpu", target=TailOffSigmoid(5e-7))
+    assert result.verdict is Outcome.MATCH, result.summary()
+    assert result.outputs[0].metrics["rel_l2"] > 2 * (result.outputs[0].threshold or 1)
+    note = next(n for n in result.notes if n.startswith("output y: "))
+    assert "but max_abs=5e-07 is at most 1e-06 × its peak |value| 1" in note
+    assert "not counted as a divergence" in note
+    loud = onnx_bisect.bisect(sigmoid_map(), ref="cpu", target=TailOffSigmoid(1e-5))
+    assert loud.verdict is Outcome.DIVERGED
 
 
 def test_round_to_matches_the_formats() -> None:

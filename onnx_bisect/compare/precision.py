@@ -274,9 +274,9 @@ def _small_values(ref: npt.NDArray[Any], zeroed: npt.NDArray[np.float32], smalle
 
 
 def _typical(ref: npt.NDArray[Any]) -> float:
-    """The median magnitude of the finite nonzero values (a strided sample of at most 2**20:
+    """The median magnitude of the finite nonzero values (a strided sample of at most 2**16:
     a rough figure for a threshold, not worth sorting a large tensor)."""
     flat = np.asarray(ref).reshape(-1)
-    sample = np.abs(flat[:: max(1, flat.size // (1 << 20))].astype(np.float64))
+    sample = np.abs(flat[:: max(1, flat.size // (1 << 16))].astype(np.float64))
     sample = sample[np.isfinite(sample) & (sample > 0)]
     return float(np.median(sample)) if sample.size else 0.0
