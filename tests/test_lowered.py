@@ -444,12 +444,16 @@ def test_round_to_matches_the_formats() -> None:
 
 
 def test_values_beyond_the_range_held_at_its_edge_are_taken_as_held() -> None:
-    ref = np.array([np.finfo(np.float32).min, 3.0, 1e6], np.float32)
+    ref = np.array([np.finfo(np.float32).min, 3.0, 1e9], np.float32)  # sentinels (masks)
     clipped = np.array([-1e4, 3.0, np.inf], np.float32)
     assert held_in_range(ref, clipped, Precision.FLOAT16).tolist() == ref.tolist()
     wrong = np.array([1e4, 3.0, -np.inf], np.float32)  # the other sign is an error
     assert held_in_range(ref, wrong, Precision.FLOAT16) is wrong
     assert held_in_range(ref, clipped, Precision.TF32) is clipped  # float32's range
+    # A real value beyond the range (PP-OCRv4 det's BatchNormalization variance) is lost.
+    variance = np.array([1.05e7, 3.0], np.float32)
+    lost = np.array([1e4, 3.0], np.float32)
+    assert held_in_range(variance, lost, Precision.FLOAT16) is lost
 
 
 def test_a_flush_counts_against_the_typical_value_not_the_peak() -> None:

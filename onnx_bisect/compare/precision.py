@@ -133,8 +133,10 @@ DATA_MOVEMENT = frozenset(
 # A flush zeroes at least this share of the values up to its zeros' size.
 FLUSH_BAND = 0.9
 
-# A value beyond a format's range held this many binades below its largest (float16: 8188) or
-# closer is clipped, not wrong: onnxconverter-common clips float16 constants to ±1e4.
+# A sentinel (a reference value this many times beyond a format's largest) held this many
+# binades below that largest (float16: 8188) or closer is clipped, not wrong:
+# onnxconverter-common clips float16 constants to ±1e4.
+SENTINEL = 1e4
 CLIPPED_BINADES = 3
 
 # A zero counts as flushed where the reference is at least this many of the format's smallest
@@ -176,19 +178,21 @@ def round_to(values: npt.NDArray[Any], precision: Precision) -> npt.NDArray[np.f
 def held_in_range(
     ref: npt.NDArray[Any], target: npt.NDArray[Any], precision: Precision
 ) -> npt.NDArray[Any]:
-    """``target`` where the values ``ref`` holds beyond ``precision``'s largest magnitude, held
-    by the target within ``CLIPPED_BINADES`` of it or at ±Inf, with the same sign, are taken as
-    the reference's: the format cannot hold them, and a large value of the same sign is what a
-    conversion does with them. An attention mask of float32's lowest, -3.4e38, is clipped to
-    -1e4 by onnxconverter-common's float16 conversion (its ``max_finite_val``): a GPT-2
-    export's 4 mask Adds were culprits at rel_l2 1, though the Softmax after them gives the
-    same 0s. ``target`` itself where there are none."""
+    """``target`` where ``ref`` holds a sentinel (a value ``SENTINEL`` times beyond
+    ``precision``'s largest magnitude: an attention mask's -1e9 or float32's lowest) that the
+    target holds within ``CLIPPED_BINADES`` of that largest or at ±Inf, with the same sign,
+    taken as the reference's: the format cannot hold it, and a large value of the same sign is
+    what a conversion does with it. onnxconverter-common clips a GPT-2 export's -3.4e38 causal
+    mask to -1e4 (its ``max_finite_val``): the 4 mask Adds were culprits at rel_l2 1, though the
+    Softmax after them gives the same 0s. Values just beyond the range are real values lost,
+    not sentinels: PP-OCRv4 det's BatchNormalization variances of 1e7, clipped to 1e4, move
+    its output by rel_l2 32. ``target`` itself where there are none."""
     largest = _FORMATS[precision].max
     r, t = np.asarray(ref), np.asarray(target)
     if largest >= float(np.finfo(np.float32).max) or r.shape != t.shape:
         return target
     with np.errstate(invalid="ignore"):
-        beyond = np.isfinite(r) & (np.abs(r) > largest)
+        beyond = np.isfinite(r) & (np.abs(r) > largest * SENTINEL)
         if not beyond.any():
             return target
         beyond &= (np.sign(t) == np.sign(r)) & (np.abs(t) >= largest / 2**CLIPPED_BINADES)
