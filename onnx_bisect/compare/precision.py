@@ -208,8 +208,8 @@ def range_problem(
     """What the target's values show that ``precision`` cannot explain, or "": values the
     format holds that came back 0 (flushed), finite values that became ±Inf (overflow) or NaN,
     or values pinned at the format's largest magnitude (saturation). Counted over the elements
-    where the reference is finite; zeros or pinned values under 1% of them, or Inf/NaN under 1%
-    and under 16 elements, are not a finding.
+    where the reference is finite; zeros or pinned values under 1% of them (or under 8), or
+    Inf/NaN under 1% and under 16 elements, are not a finding.
 
     A zero counts where the reference is at least ``FLUSH_ULPS`` of the format's smallest step
     (a zero there is that many units in the last place off, which no faithful rounding gives:
@@ -248,8 +248,10 @@ def range_problem(
 
     def many(count: int) -> bool:
         # A faithful sum of two rounded operands can cancel to an exact 0 (0.1% of a
-        # PP-OCRv4 residual Add's elements in float16): zeros count from 1% of the tensor.
-        return count >= max(1, 0.01 * finite)
+        # PP-OCRv4 residual Add's elements in float16): zeros count from 1% of the tensor,
+        # and from 8 of them (one of PP-OCRv4 det's 48 squeeze-excite Relu values crossed 0
+        # on OpenVINO's bf16: 2.1%).
+        return count >= max(8, 0.01 * finite)
 
     if many(flushed) and _small_values(ref, np.concatenate(zeroed), smallest):
         return f"{share(flushed)} are 0 where {precision.value} holds values up to {example:.2g}"
