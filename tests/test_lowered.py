@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -450,6 +451,9 @@ def test_values_beyond_the_range_held_at_its_edge_are_taken_as_held() -> None:
     wrong = np.array([1e4, 3.0, -np.inf], np.float32)  # the other sign is an error
     assert held_in_range(ref, wrong, Precision.FLOAT16) is wrong
     assert held_in_range(ref, clipped, Precision.TF32) is clipped  # float32's range
+    with warnings.catch_warnings():  # bfloat16 from float32: no sentinel, no overflow
+        warnings.simplefilter("error")
+        assert held_in_range(ref, clipped, Precision.BFLOAT16) is clipped
     # A real value beyond the range (PP-OCRv4 det's BatchNormalization variance) is lost.
     variance = np.array([1.05e7, 3.0], np.float32)
     lost = np.array([1e4, 3.0], np.float32)

@@ -189,7 +189,9 @@ def held_in_range(
     its output by rel_l2 32. ``target`` itself where there are none."""
     largest = _FORMATS[precision].max
     r, t = np.asarray(ref), np.asarray(target)
-    if largest >= float(np.finfo(np.float32).max) or r.shape != t.shape:
+    if largest * SENTINEL >= float(np.finfo(r.dtype if r.dtype.kind == "f" else np.float64).max):
+        return target  # no value of ref's type is a sentinel (bfloat16, TF32 from float32)
+    if r.shape != t.shape:
         return target
     with np.errstate(invalid="ignore"):
         beyond = np.isfinite(r) & (np.abs(r) > largest * SENTINEL)
