@@ -2,7 +2,7 @@
 """A SIMULATED lower-precision runtime for the exec: protocol (tests only).
 
     python tests/lowp_runtime.py MODEL INPUTS OUTPUTS [--precision float16|bfloat16]
-        [--flush OP=T] [--accumulate NODE]
+        [--flush OP|NODE=T] [--accumulate NODE]
 
 Each node runs alone in ONNX Runtime in float32 on operands rounded to the precision, and its
 float outputs are rounded to it: what a correct fp16/bf16 kernel that accumulates in float32
@@ -11,6 +11,7 @@ not circular. Faults a real lower-precision runtime has:
 
 - ``--flush OP=T``: outputs of every OP node below T in magnitude become exactly 0 (tinygrad
   0.14's half-precision Sigmoid returns 0 below about -11.1, where exp2 overflows float16).
+  OP may also be one node's name, to plant the fault in that node alone.
 - ``--accumulate NODE``: MatMul NODE accumulates its products in the precision itself, not in
   float32, one product at a time (a kernel without a float32 accumulator).
 """
@@ -90,7 +91,7 @@ def main(argv: list[str]) -> int:
             results = run_node(node, env, list(model.opset_import))
         for name, value in zip(node.output, results, strict=False):
             value = rounded(np.asarray(value), p)
-            if flush_op and node.op_type == flush_op:
+            if flush_op and flush_op in (node.op_type, node.name):
                 value = np.where(np.abs(value) < float(flush_below), np.float32(0), value)
             env[name] = value
     np.savez(args.outputs, **{o.name: env[o.name] for o in model.graph.output})

@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from onnx_bisect.compare.criterion import Comparison, Criterion, Status
 from onnx_bisect.compare.metrics import METRICS, MetricSums, blocks, dot, norm_ratio
-from onnx_bisect.compare.precision import range_problem
+from onnx_bisect.compare.precision import held_in_range, range_problem
 from onnx_bisect.compare.quant import QParams, dequantize
 from onnx_bisect.text import plural
 
@@ -80,6 +80,11 @@ def compare_tensors(
         lowered, off = _Lowered(None, True), ""
     elif _kind(ref) == "float":
         judged = _judge_float(ref.ravel(), target.ravel(), crit, limit)
+        if crit.floors is not None and judged[0] is not Status.OK:
+            held = held_in_range(ref, target, crit.floors.precision)
+            if held is not target:  # values beyond the precision's range, held at its edge
+                target = held
+                judged = _judge_float(ref.ravel(), target.ravel(), crit, limit)
         status, metrics, misplaced, reason, finite = judged
         if crit.floors is not None:
             status, reason, lowered = _precision(name, ref, target, crit, judged)
