@@ -228,17 +228,20 @@ def _check(
     """Run the written bundle as its user would: whether it reproduces, the last lines it
     said, and whether later checks must run here (repro.py could not build the target).
     ``compiled``: the folder of ``_shared_compiles``, where a check that compiles anew leaves
-    a file."""
+    a file (one that reads the candidate back leaves none)."""
     stats = job.session.stats
     if not in_process:
         kept = set(compiled.iterdir()) if compiled is not None else set()
         # A hang is checked with the run's --timeout, not repro.py's default (10 min).
         code, output = run_bundle(out_dir, {"--timeout": job.session.options.timeout})
         if code != 2:  # 2: repro.py could not run it (a spec it cannot build, say)
-            if compiled is None or set(compiled.iterdir()) - kept:
-                stats.record_check()  # the target ran it once more: for a compiler, a compile
-            else:
+            # Read back: the candidate's artifact was there and the check added none. A
+            # compile that fails leaves none either, so an error's check counts as a compile.
+            reused = bool(kept) and not set(compiled.iterdir()) - kept if compiled else False
+            if reused and job.symptom != "error":
                 log.info("the bundle's check read back the model compiled for it")
+            else:
+                stats.record_check()  # the target ran it once more: for a compiler, a compile
             return code == 1, output_tail(output), False
         if not job.target.capabilities.compiles:
             return False, output_tail(output), False
