@@ -35,7 +35,13 @@ from onnx_bisect.graph.extract import prefix_model
 from onnx_bisect.graph.save import save_portable
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.repro.script import render_repro_script
-from onnx_bisect.repro.verify import diverged_outputs, output_tail, rerun_in_process, run_bundle
+from onnx_bisect.repro.verify import (
+    diverged_outputs,
+    load_bundle,
+    output_tail,
+    rerun_in_process,
+    run_bundle,
+)
 from onnx_bisect.result import ReproInfo
 from onnx_bisect.text import plural
 
@@ -137,22 +143,29 @@ def build_bundle(
 
 @contextmanager
 def _shared_compiles(job: BundleJob, check_only: bool) -> Iterator[Path | None]:
-    """For a compiler that runs in this process, a folder where what it compiles for the
-    candidates is kept (``backends/compiled.py``), named to repro.py through the environment,
-    so that its check reads the candidate back instead of compiling it again."""
+    """For a compiler that runs in this process and is checked by repro.py, a folder for the
+    model each check runs, compiled here already (see ``_check``); None for any other."""
     if not job.target.capabilities.compiles or check_only:
         yield None
         return
-    before = os.environ.get(COMPILED_DIR_ENV)
     with tempfile.TemporaryDirectory(prefix="onnx-bisect-compiled-") as folder:
-        os.environ[COMPILED_DIR_ENV] = folder  # the bundle stage runs alone: no thread reads it
-        try:
-            yield Path(folder)
-        finally:
-            if before is None:
-                os.environ.pop(COMPILED_DIR_ENV, None)
-            else:
-                os.environ[COMPILED_DIR_ENV] = before
+        yield Path(folder)
+
+
+@contextmanager
+def _compiled_env(folder: Path) -> Iterator[None]:
+    """``folder`` named in ``COMPILED_DIR_ENV``, for this process's compile cache and the
+    repro.py it starts (which inherits the environment); the bundle stage runs alone, so no
+    other thread compiles meanwhile."""
+    before = os.environ.get(COMPILED_DIR_ENV)
+    os.environ[COMPILED_DIR_ENV] = str(folder)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(COMPILED_DIR_ENV, None)
+        else:
+            os.environ[COMPILED_DIR_ENV] = before
 
 
 def _search(
@@ -227,18 +240,21 @@ def _check(
 ) -> tuple[bool, str, bool]:
     """Run the written bundle as its user would: whether it reproduces, the last lines it
     said, and whether later checks must run here (repro.py could not build the target).
-    ``compiled``: the folder of ``_shared_compiles``, where a check that compiles anew leaves
-    a file (one that reads the candidate back leaves none)."""
+    ``compiled``: the folder of ``_shared_compiles``."""
     stats = job.session.stats
     if not in_process:
-        kept = set(compiled.iterdir()) if compiled is not None else set()
         # A hang is checked with the run's --timeout, not repro.py's default (10 min).
-        code, output = run_bundle(out_dir, {"--timeout": job.session.options.timeout})
+        flags = {"--timeout": job.session.options.timeout}
+        reused = False
+        if compiled is not None and job.symptom == "divergence":
+            with _compiled_env(compiled):
+                exported = _export(job, out_dir, compiled)
+                code, output = run_bundle(out_dir, flags)
+            reused = bool(exported) and not set(compiled.iterdir()) - exported
+        else:  # an error's compile fails: nothing to export; the check compiles
+            code, output = run_bundle(out_dir, flags)
         if code != 2:  # 2: repro.py could not run it (a spec it cannot build, say)
-            # Read back: the candidate's artifact was there and the check added none. A
-            # compile that fails leaves none either, so an error's check counts as a compile.
-            reused = bool(kept) and not set(compiled.iterdir()) - kept if compiled else False
-            if reused and job.symptom != "error":
+            if reused:
                 log.info("the bundle's check read back the model compiled for it")
             else:
                 stats.record_check()  # the target ran it once more: for a compiler, a compile
@@ -252,11 +268,27 @@ def _check(
     return ok, tail, True
 
 
+def _export(job: BundleJob, out_dir: Path, folder: Path) -> set[Path]:
+    """Have the compile cache write what it compiled for the written bundle into ``folder``
+    (a run of the bundle as read back, which the candidate's run here compiled already: not a
+    compile, so not counted), for repro.py to read back; the files there after it. It is the
+    candidate's model read back from its files, the same bytes for the compile cache's key
+    (checked on IREE and TVM): were it not, this run would compile it uncounted, and repro.py
+    would still read that back rather than compile it again."""
+    model, inputs, _ = load_bundle(out_dir)
+    try:
+        job.target.run(model, inputs)
+    except BackendError as exc:
+        log.debug("the bundle's model could not be exported for its check: %s", exc)
+    return set(folder.iterdir())
+
+
 def _can_reproduce(job: BundleJob, cand: Candidate) -> bool:
     """Whether ``cand`` may show the failure, from what the failure search already ran: where
     the root node ran alone but no prefix holding it runs, the failure needs nodes before it,
-    so only its ancestors can make it fail (TVM's Reshape of a computed shape: its windows of
-    consumers cost a compile each and never fail)."""
+    and the prefix that fails holds none of its consumers, so only subgraphs of its ancestors
+    are tried (TVM's Reshape of a computed shape: windows with its consumers cost a compile
+    each and never failed)."""
     if job.symptom == "divergence" or not job.ran_alone or cand.prefix:
         return True
     index = {n.name: n.index for n in job.loaded.nodes}
