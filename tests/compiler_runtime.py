@@ -3,15 +3,16 @@
 examples/faulty_runtime.py.
 
     python tests/compiler_runtime.py MODEL INPUTS OUTPUTS --log FILE [--compile-s S]
-        [--illegal NODE] [FAULTY OPTIONS...]
+        [--illegal NODE] [--declare] [FAULTY OPTIONS...]
 
 Each run appends the model's hash (SHA-256 of the model file) and node count to ``--log``
 FILE. A model whose hash is not in FILE yet is "compiled": the run sleeps ``--compile-s``
 seconds (a model seen before costs nothing, as with a compiler's own cache), so the wall time
 counts distinct models and FILE tells runs from compiles. With ``--illegal NODE`` the compile
 fails (exit 1) whenever NODE is in the model, with IREE's words for an op it cannot lower
-("failed to legalize operation"). Every other option goes to examples/faulty_runtime.py,
-which then runs the model with ONNX Runtime.
+("failed to legalize operation"). With ``--declare`` every run says on stderr that it compiles
+(``onnx-bisect-capability: compiles``, docs/exec-protocol.md). Every other option goes to
+examples/faulty_runtime.py, which then runs the model with ONNX Runtime.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ import onnx
 _FAULTY = Path(__file__).resolve().parents[1] / "examples" / "faulty_runtime.py"
 
 
+def _flag(argv: list[str], flag: str) -> tuple[bool, list[str]]:
+    return flag in argv, [a for a in argv if a != flag]
+
+
 def _take(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
     if flag not in argv:
         return None, argv
@@ -38,6 +43,9 @@ def main(argv: list[str]) -> int:
     log, argv = _take(argv, "--log")
     seconds, argv = _take(argv, "--compile-s")
     illegal, argv = _take(argv, "--illegal")
+    declare, argv = _flag(argv, "--declare")
+    if declare:
+        print("onnx-bisect-capability: compiles", file=sys.stderr)
     assert log is not None, "--log FILE is required"
     digest = hashlib.sha256(Path(argv[0]).read_bytes()).hexdigest()
     model = onnx.load(argv[0], load_external_data=False)

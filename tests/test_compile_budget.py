@@ -28,6 +28,7 @@ from onnx_bisect.cli import bisect_app
 from onnx_bisect.errors import BackendError
 from onnx_bisect.report.terminal import print_summary
 from onnx_bisect.result import CauseKind
+from tests.faulty import FaultyBackend
 from tests.models import ROOT, chain
 
 COMPILER_RUNTIME = ROOT / "tests" / "compiler_runtime.py"
@@ -132,3 +133,112 @@ def test_a_compiler_of_2_s_per_model_is_localized_in_12_compiles_shown_per_stage
     said = f"target runs by stage: screen 1, bisect {by_stage['bisect']}, repro check 1"
     assert said in " ".join(res.output.split())
     assert said in (out / "report.md").read_text()
+
+
+def _compiler_command(log: Path, *options: str) -> str:
+    cmd = [sys.executable, str(COMPILER_RUNTIME), "{model}", "{inputs}", "{outputs}"]
+    return "exec:" + shlex.join([*cmd, "--log", str(log), *options])
+
+
+@pytest.mark.slow
+def test_an_exec_compiler_that_declares_it_gets_the_compile_counting_search(
+    tmp_path: Path,
+) -> None:
+    """An exec: program that says on stderr that it compiles (docs/exec-protocol.md) is
+    searched as a compiler: the prefixes are bisected without the check one position further
+    (⌈log2 300⌉ = 9 runs and the node alone), and the report says its runs are compiles."""
+    model = tmp_path / "chain.onnx"
+    onnx.save(chain(NODES // 2), model)
+    log, out = tmp_path / "compiles.txt", tmp_path / "out"
+    target = _compiler_command(log, "--illegal", BROKEN, "--declare")
+    res = CliRunner().invoke(bisect_app, [str(model), "--target", target, "--out", str(out)])
+    assert res.exit_code == 1, res.output
+    runs = [line.split()[0] for line in log.read_text().splitlines()]
+    assert len(set(runs)) == len(runs)
+    report = json.loads((out / "report.json").read_text())
+    assert report["root_cause"]["nodes"] == [BROKEN]
+    assert report["target"]["compiles"]
+    by_stage = report["target_runs_by_stage"]
+    assert by_stage == {"screen": 1, "bisect": len(runs) - 2, "repro check": 1}
+    assert len(runs) <= 1 + 10 + 1
+    said = f"target compiles by stage: screen 1, bisect {by_stage['bisect']}, repro check 1"
+    assert said in " ".join(res.output.split())
+
+
+def test_a_compilers_divergence_bundle_is_compiled_once(tmp_path: Path) -> None:
+    """A bundle of a divergence on a compiler is run once, by its own repro.py (a run here
+    first would compile the same model twice): no model reaches the compiler twice, and the
+    repro stage's one compile is the check's."""
+    model = tmp_path / "chain.onnx"
+    onnx.save(chain(4), model)
+    log, out = tmp_path / "compiles.txt", tmp_path / "out"
+    target = _compiler_command(log, "--fault", "mm2=0.05", "--declare")
+    res = CliRunner().invoke(bisect_app, [str(model), "--target", target, "--out", str(out)])
+    assert res.exit_code == 1, res.output
+    runs = [line.split()[0] for line in log.read_text().splitlines()]
+    assert len(set(runs)) == len(runs)  # nothing compiled twice
+    report = json.loads((out / "report.json").read_text())
+    assert report["root_cause"]["nodes"] == ["mm2"]
+    assert report["repro"]["reproduces"] and report["repro"]["nodes"] == ["mm2"]
+    by_stage = report["target_runs_by_stage"]
+    assert "repro" not in by_stage and by_stage["repro check"] == 1
+    assert sum(by_stage.values()) == len(runs)
+    bundle = hashlib.sha256((out / "repro" / "model.onnx").read_bytes()).hexdigest()
+    assert runs[-1] == bundle  # the last compile was the bundle's, by its repro.py
+
+
+def test_a_declared_compilers_bundle_is_checked_once_in_process(tmp_path: Path) -> None:
+    """A compiler given as an object (no repro.py can rebuild it): the bundle's one run is
+    the check here, so the repro stage costs one compile, not two."""
+
+    class Diverging(FaultyBackend):
+        capabilities = Capabilities(compiles=True)
+
+    target = Diverging("mm2")
+    result = onnx_bisect.bisect(chain(4), target=target, repro=tmp_path / "repro")
+    assert result.root_cause is not None and result.root_cause.nodes == ("mm2",)
+    assert result.repro is not None and result.repro.reproduces, result.repro
+    assert "repro" not in result.stage_runs and result.stage_runs["repro check"] == 1
+    assert sum(result.stage_runs.values()) == target.runs
+
+
+class NeedsItsProducers(SimulatedCompiler):
+    """Fails on ``node`` only when the nodes that compute its input are in the model too (as
+    TVM fails on a Reshape whose shape the graph computes, and runs it fed a constant);
+    ``models`` keeps the node names of every model it was given."""
+
+    def __init__(self, node: str, needs: tuple[str, ...]) -> None:
+        super().__init__(node)
+        self.needs = needs
+        self.models: list[set[str]] = []
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        names = {n.name for n in model.graph.node}
+        self.models.append(names)
+        self.runs += 1
+        self.compiled.add(hashlib.sha256(model.SerializeToString()).hexdigest())
+        if self.node in names and set(self.needs) <= names:
+            raise BackendError(f"error: cannot lower {self.node}: its shape is not constant")
+        return self.inner.run(model, feeds)
+
+
+def test_a_failure_that_needs_the_graph_before_it_bundles_its_ancestors_only(
+    tmp_path: Path,
+) -> None:
+    """The node ran alone in the failure search and every prefix holding it fails: the bundle
+    search neither runs it alone again nor tries windows of its consumers, which cannot fail
+    (each a compile); the bundle is its backward window."""
+    target = NeedsItsProducers("mm3", needs=("mm2", "act2"))
+    result = onnx_bisect.bisect(chain(6), target=target, repro=tmp_path / "repro")
+    assert result.root_cause is not None and result.root_cause.nodes == ("mm3",)
+    assert result.root_cause.kind is CauseKind.ERROR
+    assert result.repro is not None and result.repro.reproduces, result.repro
+    assert result.repro.nodes == ("mm2", "act2", "mm3")
+    checks = result.stage_runs["repro check"]
+    assert "repro" not in result.stage_runs  # a compiler runs each candidate in the check only
+    bundle_runs = target.models[-checks:]
+    alone = [m for m in target.models if m == {"mm3"}]
+    assert len(alone) == 1  # the failure search's check, not run again
+    after = {f"act{i}" for i in range(3, 6)} | {f"mm{i}" for i in range(4, 6)}
+    assert not any(m & after for m in bundle_runs)
+    assert len(target.compiled) == target.runs

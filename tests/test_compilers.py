@@ -225,6 +225,23 @@ def test_tvm_fp16_is_declared_and_diverges(tmp_path: Path) -> None:
     assert 1e-5 < rel < 1e-2, rel  # float16 rounding: visible, and small
 
 
+@pytest.mark.slow
+def test_a_divergence_bundle_is_compiled_once(tmp_path: Path) -> None:
+    """Scope 5: no model is compiled twice. The bundle's candidate is compiled here, and its
+    repro.py, run in a fresh process, reads that back rather than compiling it again: the repro
+    stage costs one compile and there is no "repro check" compile."""
+    _need("tvm", "tvm")
+    model, out = tmp_path / "chain.onnx", tmp_path / "out"
+    onnx.save(chain(3), model)
+    args = [str(model), "--target", "tvm?fp16=1", "--threshold", "1e-5", "--out", str(out)]
+    res = CliRunner().invoke(bisect_app, args)
+    assert res.exit_code == 1, res.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["repro"]["reproduces"] and report["repro"]["nodes"] == ["mm0"]
+    by_stage = report["target_runs_by_stage"]
+    assert by_stage["repro"] == 1 and "repro check" not in by_stage, by_stage
+
+
 def test_tvm_returns_a_shape_it_computed_at_compile_time() -> None:
     """A prefix of a detector can end at a Shape: TVM folds it and its VM returns a shape (a
     tuple of ints), not a tensor. It once failed every such prefix ("'int' object is not

@@ -590,3 +590,55 @@ def test_a_model_at_a_newer_ir_version_runs_lowered(
     assert "REPRODUCED" in proc.stdout
     assert "ran a copy of model.onnx lowered from IR 99" in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr and "[W:onnxruntime" not in proc.stderr
+
+
+SCALED_PLUGIN = textwrap.dedent(
+    """\
+    from onnx_bisect import BackendBase, create_backend
+
+
+    class Scaled(BackendBase):
+        def __init__(self, spec):
+            super().__init__(spec)
+            spec.check_options(["factor"])
+            self.factor = float(spec.option("factor", "1"))
+            self.inner = create_backend("cpu")
+
+        def _run(self, model, feeds):
+            return {k: v * self.factor for k, v in self.inner.run(model, feeds).items()}
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_plugin_file_spec_with_options_is_verified(tmp_path: Path) -> None:
+    """``file.py:Class?key=value``: the bundle's repro.py builds it through onnx-bisect, so
+    bisect's bundle is verified; a relative path is found from where onnx-bisect ran."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from onnx_bisect.cli import bisect_app
+    from tests.models import chain
+
+    plugin = tmp_path / "plugins" / "scaled.py"
+    plugin.parent.mkdir()
+    plugin.write_text(SCALED_PLUGIN)
+    spec = template.parse_spec(f"{plugin}:Scaled?factor=1.05")
+    assert (spec.name, spec.device) == ("file", f"{plugin}:Scaled")
+    model = tmp_path / "chain.onnx"
+    onnx.save(chain(4), model)
+    out = tmp_path / "out"
+    target = f"{plugin}:Scaled?factor=1.05"
+    res = CliRunner().invoke(bisect_app, [str(model), "--target", target, "--out", str(out)])
+    assert res.exit_code == 1, res.output
+    repro = json.loads((out / "report.json").read_text())["repro"]
+    assert repro["reproduces"], repro["message"]
+    relative = "plugins/scaled.py:Scaled?factor=1.05"
+    bundle = write_bundle(
+        tmp_path / "elsewhere" / "b", matmul_relu(), {"file": X}, target=relative,
+        workdir=str(tmp_path),
+    )  # fmt: skip
+    proc = run(bundle)  # from tmp_path/elsewhere, where plugins/ is not
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "REPRODUCED" in proc.stdout

@@ -8,11 +8,13 @@ dropped (a symbolic dim there would contradict the pinned ones), and types infer
 
 A compile costs seconds to minutes, so each adapter keeps what it compiled in one cache per
 process, keyed by the model's bytes, the input shapes and the backend's settings: a backend
-built anew from its spec (a repro bundle's check, a pass bisection's runs) and a model run on
-other inputs of the same shapes (a dataset's) reuse it. Under ``--isolate-crashes`` every run
-is a fresh child process, so the cache also lives on disk: ``SandboxBackend`` names a folder
-of its own in ``COMPILED_DIR_ENV`` (inside the command's temporary folder), where each child
-reads what an earlier child compiled and writes what it compiled itself.
+built anew from its spec (a pass bisection's runs) and a model run on other inputs of the
+same shapes (a dataset's) reuse it. Under ``--isolate-crashes`` every run is a fresh child
+process, so the cache also lives on disk: ``SandboxBackend`` names a folder of its own in
+``COMPILED_DIR_ENV`` (inside the command's temporary folder), where each child reads what an
+earlier child compiled and writes what it compiled itself. A repro bundle's check names one
+too, for the one model it runs (``repro/bundle.py``): what is already kept in memory is
+written there when asked for while the folder is named.
 """
 
 from __future__ import annotations
@@ -114,12 +116,18 @@ class CompileCache(Generic[T]):
     def get(self, key: str, build: Callable[[], T]) -> T:
         """The artifact for ``key``, built by ``build`` only when not already kept (two
         threads asking at once may both build it; the compile is not held under the lock)."""
+        path = self._path(key)
         with self._lock:
-            if key in self._items:
+            kept = self._items.get(key)
+            if kept is not None:
                 self._items.move_to_end(key)
                 self.reused += 1
-                return self._items[key]
-        path = self._path(key)
+        if kept is not None:
+            if path is not None and not path.exists():
+                # Compiled before the folder was named: written now for the processes that
+                # read it (a repro bundle's check, ``repro/bundle.py``).
+                self._save(kept, path)
+            return kept
         if path is not None and path.exists():
             artifact = self._load(path)
             if artifact is not None:

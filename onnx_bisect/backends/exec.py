@@ -6,15 +6,19 @@ large: a clone or a link to a private copy, never a link to the user's file) and
 ``inputs.npz`` keyed by graph input name into a fresh temporary directory, substitute
 ``{model}``, ``{inputs}`` and ``{outputs}`` in COMMAND, run it without a shell (shlex-split),
 and read ``outputs.npz`` keyed by graph output name. A non-zero exit or a missing output is a
-backend failure.
+backend failure. A stderr line ``onnx-bisect-capability: compiles`` (of any run, failed or not)
+declares that each run compiles the model: from then on the searches count its runs as
+compiles (``Capabilities.compiles``), which only the program itself can know.
 """
 
 from __future__ import annotations
 
+import logging
 import shlex
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +34,12 @@ from onnx_bisect.inputs.feeds import save_npz
 from onnx_bisect.inputs.npz import read_npz
 from onnx_bisect.process import run_child
 
-__all__ = ["DISABLE", "NOTE_PREFIX", "ExecBackend", "ExecPasses", "PLACEHOLDERS"]
+__all__ = [
+    "CAPABILITY_PREFIX", "DECLARABLE", "DISABLE", "NOTE_PREFIX", "ExecBackend", "ExecPasses",
+    "PLACEHOLDERS",
+]  # fmt: skip
+
+log = logging.getLogger(__name__)
 
 
 PLACEHOLDERS = ("{model}", "{inputs}", "{outputs}")
@@ -40,6 +49,12 @@ DISABLE = "{disable}"
 # A stderr line of a successful run that starts with this becomes a note in the report (a
 # lowered IR version, a fallback the runtime took): what the user should know about the run.
 NOTE_PREFIX = "onnx-bisect-note:"
+# A stderr line that starts with this declares what the program is (docs/exec-protocol.md):
+# the capabilities in ``DECLARABLE``, by name, separated by spaces or commas.
+CAPABILITY_PREFIX = "onnx-bisect-capability:"
+# What a program may declare of itself. ``compiles``: each run compiles the model (an ML
+# compiler), so the searches spare runs. The rest of ``Capabilities`` is the tool's to know.
+DECLARABLE = ("compiles",)
 
 
 _STDERR_TAIL = 5
@@ -86,21 +101,23 @@ class ExecBackend(BackendBase):
             except subprocess.TimeoutExpired:
                 hang = f"{self.spec.text}: timed out after {self.timeout:.3g} s"
                 raise BackendCrash(hang) from None
+            self._declared(_text(proc.stderr))
+            stderr = _undeclared(proc.stderr)
             if proc.returncode != 0:
                 status = _status(proc.returncode)
                 # Killed by a signal (segfault, abort) is a crash, not an error it reported.
                 error = BackendCrash if proc.returncode < 0 else BackendError
-                said = _text(proc.stderr) or "(no stderr)"
+                said = _text(stderr) or "(no stderr)"
                 raise error(
-                    f"{self.spec.text}: exited with {status}: {_tail(proc.stderr)}",
+                    f"{self.spec.text}: exited with {status}: {_tail(stderr)}",
                     detail=f"{self.spec.text}: exited with {status}:\n{said}",
                 )
             out_path = Path(paths["{outputs}"])
             if not out_path.exists():
                 raise BackendError(
-                    f"{self.spec.text}: exited 0 but wrote no {out_path.name}: {_tail(proc.stderr)}"
+                    f"{self.spec.text}: exited 0 but wrote no {out_path.name}: {_tail(stderr)}"
                 )
-            for line in _text(proc.stderr).splitlines():
+            for line in _text(stderr).splitlines():
                 if line.startswith(NOTE_PREFIX):
                     self._note(line.removeprefix(NOTE_PREFIX).strip(), once=True)
             # Only the outputs asked for: an extra array is never read (the protocol ignores
@@ -110,6 +127,21 @@ class ExecBackend(BackendBase):
                 return read_npz(out_path, wanted_out, what=self.spec.text)
             except InputError as exc:
                 raise BackendError(str(exc)) from None
+
+    def _declared(self, stderr: str) -> None:
+        """Take the capabilities the program declares on stderr (see ``CAPABILITY_PREFIX``)."""
+        for line in stderr.splitlines():
+            if not line.startswith(CAPABILITY_PREFIX):
+                continue
+            for word in line.removeprefix(CAPABILITY_PREFIX).replace(",", " ").split():
+                if word not in DECLARABLE:
+                    log.warning(
+                        "%s declares %r, which is not a capability onnx-bisect knows "
+                        "(known: %s); ignored", self.spec.text, word, ", ".join(DECLARABLE),
+                    )  # fmt: skip
+                elif not self.capabilities.compiles:
+                    log.info("%s declares that each run compiles the model", self.spec.text)
+                    self.capabilities = replace(self.capabilities, compiles=True)
 
     def pass_control(self, declared: Sequence[str]) -> PassControl | None:
         """Its passes, when its command takes ``{disable}`` and the user named them."""
@@ -160,6 +192,12 @@ def _substitute(arg: str, paths: Mapping[str, str]) -> str:
     for key, value in paths.items():
         arg = arg.replace(key, value)
     return arg
+
+
+def _undeclared(raw: bytes) -> bytes:
+    """stderr without the program's declarations: what it said about the run."""
+    prefix = CAPABILITY_PREFIX.encode()
+    return b"\n".join(ln for ln in raw.splitlines() if not ln.startswith(prefix))
 
 
 def _status(code: int) -> str:

@@ -304,7 +304,8 @@ def to_result(
         verdict=Outcome.DIVERGED if diagnosis.diverged else Outcome.MATCH,
         model=str(setup.loaded.path or IN_MEMORY),
         ref=setup.ref_info,
-        target=setup.target_info,
+        # Read again now: an exec: program declares that it compiles in its runs' stderr.
+        target=replace(setup.target_info, compiles=setup.target.capabilities.compiles),
         criterion=session.crit,
         strategy=found.strategy if found else "screen",
         outputs=tuple(screened.comparisons.values()) if screened else (),

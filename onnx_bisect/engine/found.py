@@ -34,3 +34,7 @@ class Found:
     # Nodes the target already failed on alone, fed the reference's inputs (the failure
     # search's check): a bundle of one of them is not run again before repro.py checks it.
     failed_alone: tuple[str, ...] = ()
+    # Nodes the target ran alone, fed the reference's inputs, though every prefix that holds
+    # them fails (the failure search's check): the failure needs their ancestors, so a bundle
+    # of one alone, or of it with nodes after it, is not run.
+    ran_alone: tuple[str, ...] = ()

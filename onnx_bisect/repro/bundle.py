@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ import numpy.typing as npt
 import onnx
 from onnx import numpy_helper
 
+from onnx_bisect.backends.compiled import COMPILED_DIR_ENV
 from onnx_bisect.backends.protocol import Backend
 from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.measure.store import TensorStore
@@ -32,7 +35,13 @@ from onnx_bisect.graph.extract import prefix_model
 from onnx_bisect.graph.save import save_portable
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.repro.script import render_repro_script
-from onnx_bisect.repro.verify import diverged_outputs, output_tail, rerun_in_process, run_bundle
+from onnx_bisect.repro.verify import (
+    diverged_outputs,
+    load_bundle,
+    output_tail,
+    rerun_in_process,
+    run_bundle,
+)
 from onnx_bisect.result import ReproInfo
 from onnx_bisect.text import plural
 
@@ -60,6 +69,8 @@ class BundleJob:
     symptom: str = "divergence"
     # Nodes the target already failed on alone, fed the reference's inputs (``Found``).
     failed_alone: tuple[str, ...] = ()
+    # Nodes the target ran alone though every prefix holding them fails (``Found``).
+    ran_alone: tuple[str, ...] = ()
 
     @property
     def target(self) -> Backend:
@@ -113,26 +124,76 @@ def build_bundle(
 
     ``verify_in_process``: the target was given as an object a fresh process cannot rebuild,
     so the written bundle is read back and re-run here instead of by ``repro.py``.
+
+    A target whose runs compile (``Capabilities.compiles``) compiles each candidate once. One
+    whose every run is a process of its own (an exec: compiler), or that is checked here, runs
+    it only in the check: a run here and then the check's would compile it twice. One that
+    runs here and is checked by repro.py (IREE, TVM) runs it here, where a small model
+    compiles in a second, and repro.py reads back what was compiled (``_shared_compiles``);
+    each check of its own would pay a process start and the compiler's import (about 8 s for
+    TVM). Either way the bundle keeps every output of the candidate: trimmed, it would be
+    another model to compile.
     """
-    loaded, stats, crit = job.loaded, job.session.stats, job.session.crit
+    caps = job.target.capabilities
+    # Checked here (an object no repro.py can rebuild), the check is a run here anyway.
+    check_only = caps.compiles and (caps.child_process or verify_in_process)
+    with _shared_compiles(job, check_only) as compiled:
+        return _search(job, start, out_dir, script, verify_in_process, check_only, compiled)
+
+
+@contextmanager
+def _shared_compiles(job: BundleJob, check_only: bool) -> Iterator[Path | None]:
+    """For a compiler that runs in this process and is checked by repro.py, a folder for the
+    model each check runs, compiled here already (see ``_check``); None for any other."""
+    if not job.target.capabilities.compiles or check_only:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="onnx-bisect-compiled-") as folder:
+        yield Path(folder)
+
+
+@contextmanager
+def _compiled_env(folder: Path) -> Iterator[None]:
+    """``folder`` named in ``COMPILED_DIR_ENV``, for this process's compile cache and the
+    repro.py it starts (which inherits the environment); the bundle stage runs alone, so no
+    other thread compiles meanwhile."""
+    before = os.environ.get(COMPILED_DIR_ENV)
+    os.environ[COMPILED_DIR_ENV] = str(folder)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(COMPILED_DIR_ENV, None)
+        else:
+            os.environ[COMPILED_DIR_ENV] = before
+
+
+def _search(
+    job: BundleJob,
+    start: Sequence[str],
+    out_dir: Path,
+    script: str,
+    verify_in_process: bool,
+    check_only: bool,
+    compiled: Path | None,
+) -> ReproInfo:
+    loaded, stats = job.loaded, job.session.stats
     kind = job.symptom
     runs_before = stats.runs.get("target", 0)
+    tried = 0  # candidates checked, for a compiler each one compile
     last_written: tuple[Candidate, str] | None = None
     for cand in candidates(loaded, job.store, start):
-        built = _reproduce(job, cand)
+        if not _can_reproduce(job, cand):
+            continue
+        built = _build(job, cand, None) if check_only else _reproduce(job, cand)
         if built is None:
             continue
         _write(out_dir, built, script)
-        runs = stats.runs.get("target", 0) - runs_before
-        if verify_in_process:
-            ok, tail = rerun_in_process(out_dir, job.target, crit, job.symptom)
-            stats.record_check()  # the target ran the bundle once more: for a compiler, a compile
-        else:
-            # A hang is checked with the run's --timeout, not repro.py's default (10 min).
-            code, output = run_bundle(out_dir, {"--timeout": job.session.options.timeout})
-            ok, tail = code == 1, output_tail(output)
-            if code != 2:  # 2: repro.py could not run it (a spec it cannot build, say)
-                stats.record_check()
+        ok, tail, verify_in_process = _check(
+            job, out_dir, in_process=verify_in_process, compiled=compiled
+        )
+        tried += 1
+        runs = stats.runs.get("target", 0) - runs_before + (tried - 1 if check_only else 0)
         names = tuple(n.name for n in cand.nodes)
         last_written = (cand, tail)
         if ok:
@@ -154,7 +215,7 @@ def build_bundle(
             )
         size = plural(len(names), "node")
         log.debug("a bundle of %s did not reproduce in a fresh process: %s", size, tail)
-    runs = stats.runs.get("target", 0) - runs_before
+    runs = stats.runs.get("target", 0) - runs_before + (tried if check_only else 0)
     if last_written is None:
         return ReproInfo(
             str(out_dir), kind, (), len(loaded.nodes), runs, False, False,
@@ -162,11 +223,81 @@ def build_bundle(
         )  # fmt: skip
     cand, tail = last_written
     names = tuple(n.name for n in cand.nodes)
+    said = (
+        f"no subgraph reproduced the {kind} when its bundle was run; the last one written "
+        f"({plural(len(names), 'node')}) is not verified: {tail}"
+        if check_only
+        else f"the last bundle written ({plural(len(names), 'node')}) reproduced in this "
+        f"process but not when re-run in a fresh one (nondeterminism?): {tail}"
+    )
     return ReproInfo(
-        str(out_dir), kind, names, len(loaded.nodes), runs, not cand.prefix, False,
-        f"the last bundle written ({plural(len(names), 'node')}) reproduced in this process but "
-        f"not when re-run in a fresh one (nondeterminism?): {tail}",
-    )  # fmt: skip
+        str(out_dir), kind, names, len(loaded.nodes), runs, not cand.prefix, False, said
+    )
+
+
+def _check(
+    job: BundleJob, out_dir: Path, *, in_process: bool, compiled: Path | None = None
+) -> tuple[bool, str, bool]:
+    """Run the written bundle as its user would: whether it reproduces, the last lines it
+    said, and whether later checks must run here (repro.py could not build the target).
+    ``compiled``: the folder of ``_shared_compiles``."""
+    stats = job.session.stats
+    if not in_process:
+        # A hang is checked with the run's --timeout, not repro.py's default (10 min).
+        flags = {"--timeout": job.session.options.timeout}
+        reused = False
+        if compiled is not None and job.symptom == "divergence":
+            with _compiled_env(compiled):
+                exported = _export(job, out_dir, compiled)
+                code, output = run_bundle(out_dir, flags)
+            reused = bool(exported) and not set(compiled.iterdir()) - exported
+        else:  # an error's compile fails: nothing to export; the check compiles
+            code, output = run_bundle(out_dir, flags)
+        if code != 2:  # 2: repro.py could not run it (a spec it cannot build, say)
+            if reused:
+                log.info("the bundle's check read back the model compiled for it")
+            else:
+                stats.record_check()  # the target ran it once more: for a compiler, a compile
+            return code == 1, output_tail(output), False
+        if not job.target.capabilities.compiles:
+            return False, output_tail(output), False
+        # A compiler's candidate has run nowhere yet: it is checked here, and so are the next.
+        log.info("repro.py cannot run the target (%s); checking here", output_tail(output))
+    ok, tail = rerun_in_process(out_dir, job.target, job.session.crit, job.symptom)
+    stats.record_check()
+    return ok, tail, True
+
+
+def _export(job: BundleJob, out_dir: Path, folder: Path) -> set[Path]:
+    """Have the compile cache write what it compiled for the written bundle into ``folder``
+    (a run of the bundle as read back, which the candidate's run here compiled already: not a
+    compile, so not counted), for repro.py to read back; the files there after it. It is the
+    candidate's model read back from its files, the same bytes for the compile cache's key
+    (checked on IREE and TVM): were it not, this run would compile it uncounted, and repro.py
+    would still read that back rather than compile it again."""
+    model, inputs, _ = load_bundle(out_dir)
+    try:
+        job.target.run(model, inputs)
+    except BackendError as exc:
+        log.debug("the bundle's model could not be exported for its check: %s", exc)
+    return set(folder.iterdir())
+
+
+def _can_reproduce(job: BundleJob, cand: Candidate) -> bool:
+    """Whether ``cand`` may show the failure, from what the failure search already ran: where
+    the root node ran alone but no prefix holding it runs, the failure needs nodes before it,
+    and the prefix that fails holds none of its consumers, so only subgraphs of its ancestors
+    are tried (TVM's Reshape of a computed shape: windows with its consumers cost a compile
+    each and never failed)."""
+    if job.symptom == "divergence" or not job.ran_alone or cand.prefix:
+        return True
+    index = {n.name: n.index for n in job.loaded.nodes}
+    roots = [index[n] for n in job.ran_alone if n in index]
+    if not roots:
+        return True
+    needed = set(roots).union(*(job.loaded.ancestors(r) for r in roots))
+    names = {n.name for n in cand.nodes}
+    return not names <= set(job.ran_alone) and all(n.index in needed for n in cand.nodes)
 
 
 def _reproduce(job: BundleJob, cand: Candidate) -> Fed | None:
@@ -192,8 +323,8 @@ def _reproduce(job: BundleJob, cand: Candidate) -> Fed | None:
     bad = diverged_outputs(built.outputs, out, job.session.crit)
     if not bad:
         return None
-    if len(bad) < len(built.outputs):
-        return _build(job, cand, bad)
+    if len(bad) < len(built.outputs) and not job.target.capabilities.compiles:
+        return _build(job, cand, bad)  # a compiler's bundle is the model it compiled
     return built
 
 

@@ -127,6 +127,8 @@ _HIGHER_IS_WORSE = {
     "sqnr_db": False,
 }
 _SPEC = re.compile(r"^(?P<name>[A-Za-z_][\w.-]*)(?::(?P<device>[^?+]*))?(?:\?(?P<query>[^+]*))?$")
+# A plugin by file, `path/to/file.py:Class?k=v`: the path may hold any character but '?'.
+_FILE_SPEC = re.compile(r"^(?P<path>[^?]+\.py):(?P<cls>[A-Za-z_]\w*)(?:\?(?P<query>.*))?$")
 # How the child tells the parent what went wrong, on its last stderr line.
 _CHILD_USAGE = "repro-child-usage-error: "
 _CHILD_FAILURE = "repro-child-failure: "
@@ -167,6 +169,10 @@ def parse_spec(text: str) -> Spec:
     for verbatim in ("exec", "dump"):
         if raw.startswith(f"{verbatim}:"):
             return Spec(raw, verbatim, raw[len(verbatim) + 1 :].strip())
+    plugin = _FILE_SPEC.match(raw)
+    if plugin:
+        # Built by onnx-bisect itself (``_plugin_runner``), which reads the options.
+        return Spec(raw, "file", f"{plugin['path']}:{plugin['cls']}")
     head, *transforms = raw.split("+")
     m = _SPEC.match(head)
     if not m:
@@ -501,7 +507,7 @@ def _plugin_runner(spec: Spec) -> Runner:
             "(pip install onnx-bisect), or pass another --target/--ref"
         ) from None
     try:
-        backend = create_backend(spec.text)
+        backend = create_backend(_plugin_text(spec))
     except Exception as exc:
         raise UsageError(_one_line(exc)) from None
 
@@ -509,6 +515,18 @@ def _plugin_runner(spec: Spec) -> Runner:
         return dict(backend.run(model, feeds))
 
     return run
+
+
+def _plugin_text(spec: Spec) -> str:
+    """The spec, with a plugin file's relative path taken from where onnx-bisect ran when it
+    is not found from here (as exec: commands run there)."""
+    if spec.name != "file":
+        return spec.text
+    path = (spec.device or "").rsplit(":", 1)[0]
+    there = Path(WORKDIR or ".") / path
+    if Path(path).is_absolute() or Path(path).exists() or not there.exists():
+        return spec.text
+    return str(there) + spec.text[len(path) :]
 
 
 def _substitute(arg: str, paths: Mapping[str, str]) -> str:

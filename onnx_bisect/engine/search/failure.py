@@ -173,9 +173,11 @@ def _error_found(
     cause = RootCause(kind, (node.name,), reason, message)
     strategy = "failure-bisect"
     failed_alone = (node.name,) if checked and alone is not None else ()
+    ran_alone = (node.name,) if checked and alone is None else ()
     return Found(
-        strategy, rows, rows[node.index], cause, search, store=store, failed_alone=failed_alone
-    )
+        strategy, rows, rows[node.index], cause, search, store=store,
+        failed_alone=failed_alone, ran_alone=ran_alone,
+    )  # fmt: skip
 
 
 def _rows(
