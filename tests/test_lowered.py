@@ -274,6 +274,10 @@ def test_the_reports_say_the_precision_and_every_nodes_floor(net: Path, tmp_path
     for text in (result.summary(), (tmp_path / "report.md").read_text()):
         head = "\n".join(text.splitlines()[:6])
         assert "agrees within float16 precision: " in head and precision in head, head
+        # The user's 9 nodes, not the Casts that onnxconverter-common put around them.
+        casts = sum(1 for n in result.nodes if n.op_type == "Cast")
+        assert casts > 0
+        assert f"precision: 9 nodes (+{casts} Casts the conversion inserted)" in head, head
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["target"]["precision"]["precision"] == "float16"
     assert data["target"]["precision"]["source"] == "declared"
