@@ -453,8 +453,13 @@ def within_precision(r: BisectResult) -> str:
     name = r.criterion.floors.precision.value
     worst = max(lowered, key=lambda c: c.metrics.get("rel_l2", 0.0))
     bound = r.criterion.k * (worst.precision_floor or 0.0) + r.criterion.eps
-    judged = sum(1 for n in r.nodes if n.verdict.value in ("ok", "precision"))
-    nodes = f"{plural(judged, 'node')}, " if judged else ""
+    added = set(r.matching.added_casts) if r.matching is not None else set()
+    judged = [n.name for n in r.nodes if n.verdict.value in ("ok", "precision")]
+    casts = sum(1 for n in judged if n in added)
+    nodes = f"{plural(len(judged) - casts, 'node')}" if judged else ""
+    if nodes and casts:  # the conversion's Casts are not the user's nodes: said apart
+        nodes += f" (+{plural(casts, 'Cast')} the conversion inserted)"
+    nodes += ", " if nodes else ""
     return (
         f"agrees within {name} precision: {nodes}largest output error "
         f"{fmt(worst.metrics.get('rel_l2'))}, {name} predicts ≤ {fmt(bound)}"

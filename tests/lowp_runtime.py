@@ -2,7 +2,7 @@
 """A SIMULATED lower-precision runtime for the exec: protocol (tests only).
 
     python tests/lowp_runtime.py MODEL INPUTS OUTPUTS [--precision float16|bfloat16]
-        [--flush OP|NODE=T] [--accumulate NODE]
+        [--flush OP|NODE=T] [--accumulate NODE] [--nudge NODE=STEPS]
 
 Each node runs alone in ONNX Runtime in float32 on operands rounded to the precision, and its
 float outputs are rounded to it: what a correct fp16/bf16 kernel that accumulates in float32
@@ -14,6 +14,9 @@ not circular. Faults a real lower-precision runtime has:
   OP may also be one node's name, to plant the fault in that node alone.
 - ``--accumulate NODE``: MatMul NODE accumulates its products in the precision itself, not in
   float32, one product at a time (a kernel without a float32 accumulator).
+- ``--nudge NODE=STEPS``: NODE's largest value moves STEPS units in the last place of the
+  precision, as a kernel whose rounding landed elsewhere (two steps: ONNX Runtime's float16
+  on PP-OCRv4 det's squeeze-excite Relu) or a wrong one (many steps) returns.
 """
 
 from __future__ import annotations
@@ -67,6 +70,15 @@ def accumulate_low(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], precision: 
     return acc.astype(np.float32)
 
 
+def nudged(value: np.ndarray[Any, Any], steps: float, precision: str) -> np.ndarray[Any, Any]:
+    """``value`` with its largest magnitude moved ``steps`` units in the last place."""
+    out = value.copy().reshape(-1)
+    at = int(np.argmax(np.abs(out)))
+    step = 2.0 ** (np.floor(np.log2(abs(float(out[at])))) - (10 if precision == "float16" else 7))
+    out[at] += np.float32(steps * step)
+    return rounded(out.reshape(value.shape), precision)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
@@ -75,6 +87,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--precision", default="float16", choices=["float16", "bfloat16"])
     parser.add_argument("--flush", default="")
     parser.add_argument("--accumulate", default="")
+    parser.add_argument("--nudge", default="")
     args = parser.parse_args(argv)
     model = onnx.load(args.model)
     p = args.precision
@@ -84,6 +97,7 @@ def main(argv: list[str]) -> int:
     with np.load(args.inputs) as data:
         env.update({k: rounded(data[k], p) for k in data.files})
     flush_op, _, flush_below = args.flush.partition("=")
+    nudge_node, _, steps = args.nudge.partition("=")
     for node in model.graph.node:
         if node.name == args.accumulate and node.op_type == "MatMul":
             results = [accumulate_low(env[node.input[0]], env[node.input[1]], p)]
@@ -93,6 +107,8 @@ def main(argv: list[str]) -> int:
             value = rounded(np.asarray(value), p)
             if flush_op and flush_op in (node.op_type, node.name):
                 value = np.where(np.abs(value) < float(flush_below), np.float32(0), value)
+            if nudge_node and node.name == nudge_node:
+                value = nudged(value, float(steps), p)
             env[name] = value
     np.savez(args.outputs, **{o.name: env[o.name] for o in model.graph.output})
     return 0

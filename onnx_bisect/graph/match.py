@@ -28,6 +28,9 @@ class Matching:
     # target tensor -> the reference tensor it is compared with: the matched names, plus
     # renamed or re-meant tensors whose counterpart the kept nodes around them reveal
     pairs: dict[str, str] = field(default_factory=dict)
+    # The target model's Casts that the reference model lacks: a conversion's (+fp16), not
+    # the user's nodes, so that a count of the user's nodes can leave them out.
+    added_casts: tuple[str, ...] = ()
 
     @property
     def paired(self) -> dict[str, str]:
@@ -99,6 +102,7 @@ def match_tensors(ref: LoadedModel, target: LoadedModel) -> Matching:
         tuple(n for n in ref.probes if n not in shared),
         tuple(n for n in target.probes if n not in shared),
         pairs,
+        tuple(n.name for n in target.nodes if n.op_type == "Cast" and n.name not in ref_names),
     )
 
 
