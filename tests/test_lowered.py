@@ -575,3 +575,38 @@ def test_range_problems_are_told_from_rounding() -> None:
     # 3.5e4 fits float16; an overflowing kernel returned Inf for it.
     overflowed = np.full(100, np.inf, np.float32)
     assert "are ±Inf" in range_problem(np.full(100, 3.5e4), overflowed, Precision.FLOAT16)
+
+
+def _bn_with_a_variance_beyond_float16(tmp_path: Path) -> Path:
+    """Conv -> BatchNormalization whose variance (a Constant) holds 1e7: the fp16 converter
+    clips it to 1e4, as it does PP-OCRv4 det's, so the model the target runs differs."""
+    rng = np.random.default_rng(0)
+    params = {"s": [1.0] * 4, "b": [0.1] * 4, "m": [0.0] * 4, "v": [1.0, 1.5, 1e7, 2.0]}
+    nodes = [
+        helper.make_node(
+            "Constant", [], [k], name=f"const_{k}", value=_init(f"{k}_t", np.array(v, np.float32))
+        )
+        for k, v in params.items()
+    ]
+    nodes += [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", *params], ["bn"], name="bn"),
+        helper.make_node("Relu", ["bn"], ["y"], name="relu"),
+    ]
+    w = _init("w", rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])
+    graph = helper.make_graph(nodes, "bn_variance", [x], [y], [w])
+    path = tmp_path / "bn_variance.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_changed_constant_is_not_blamed_on_a_kernel_by_the_pass_bisection(
+    tmp_path: Path,
+) -> None:
+    result = onnx_bisect.bisect(_bn_with_a_variance_beyond_float16(tmp_path), target="cpu+fp16")
+    rc, pb = result.root_cause, result.pass_bisection
+    assert rc is not None and rc.kind == CauseKind.PARAMETER and rc.nodes == ("const_v",)
+    assert pb is not None and "the changed constant (const_v)" in pb.reason, pb
+    assert "a kernel, not" not in pb.reason

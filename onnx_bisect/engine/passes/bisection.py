@@ -38,7 +38,7 @@ from onnx_bisect.engine.passes.search import find_guilty
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError, ModelLoadError, OnnxBisectError, SpecError
 from onnx_bisect.graph.load import load_model
-from onnx_bisect.result import PassBisection, PassOutcome, PassScope
+from onnx_bisect.result import CauseKind, PassBisection, PassOutcome, PassScope
 from onnx_bisect.text import plural
 
 __all__ = ["bisect_passes"]
@@ -176,7 +176,7 @@ def _bisect(
             return PassBisection(
                 PassOutcome.NOT_OPTIMIZER, spec, runs=runs.count,
                 reason=f"{_said(off)} diverges too on the subgraph around the root cause, fed the "
-                f"reference's values: {_blame_without_passes(control)}",
+                f"reference's values: {_blame_without_passes(control, found)}",
                 scope=PassScope.SUBGRAPH, scope_nodes=sub.nodes,
             )  # fmt: skip
         if sub is not None:
@@ -192,7 +192,7 @@ def _bisect(
     if runs.diverges(off, whole):
         return PassBisection(
             PassOutcome.NOT_OPTIMIZER, spec, runs=runs.count,
-            reason=f"{_said(off)} diverges too: {_blame_without_passes(control)}",
+            reason=f"{_said(off)} diverges too: {_blame_without_passes(control, found)}",
             scope_nodes=whole.nodes, scope_note=note,
         )  # fmt: skip
     named = _name(runs, control, spec, whole)
@@ -303,7 +303,12 @@ def _said(off: str) -> str:
     return off if len(off) <= 60 else "the target with every optimization off"
 
 
-def _blame_without_passes(control: PassControl) -> str:
+def _blame_without_passes(control: PassControl, found: Found | None) -> str:
+    cause = found.cause if found is not None else None
+    if cause is not None and cause.kind is CauseKind.PARAMETER:
+        # A constant that differs in the model the target runs: no kernel computed it wrongly.
+        which = ", ".join(cause.nodes[:3])
+        return f"the changed constant ({which}), not an optimizer pass or a kernel, is to blame"
     if isinstance(control, TransformPasses):
         return (
             f"without +{control.transform.name} the target is still wrong, so the runtime, "
