@@ -359,3 +359,31 @@ def test_the_per_tensor_table_is_built_while_the_float64_oracle_measures(tmp_pat
     assert timings["float64"] > timings["load"]  # the oracle was still measuring
     assert ready <= timings["load"] + timings["screen"] + 0.05
     assert result.quant is not None and f"{len(result.quant.rows)} tensors" in note
+
+
+@pytest.mark.parametrize(("budget", "early"), [(270 << 10, False), (4 << 30, True)])
+def test_the_early_scan_waits_for_the_oracle_where_the_budget_cannot_hold_both(
+    tmp_path: Path, budget: int, early: bool
+) -> None:
+    """A quantized target's reference scan is done while the float64 oracle measures only
+    where the budget holds both: at 270 KB the oracle runs alongside (every probe in one
+    float64 run) but a scan of every probe beside it would take the plan past the budget."""
+    from onnx_bisect.engine.diagnose import open_session, prepare
+    from onnx_bisect.engine.quant.prelude import prepare_early
+    from onnx_bisect.engine.session import StageTimer
+    from onnx_bisect.options import BisectOptions
+
+    src, dst = qm.quantized(qm.detector(), tmp_path, "qdq")
+    options = BisectOptions(max_memory=budget, target_model=str(dst))
+    timer = StageTimer()
+    setup, feeds = prepare(str(src), "cpu", "cpu", options, timer)
+    session = open_session(setup, feeds, tmp_path / "scratch", timer)
+    try:
+        m = session.memory
+        assert m.oracle_beside(True) == 2  # the oracle measures alongside at both budgets
+        prepare_early(session)
+        assert bool(session.early) is early
+        if not early:
+            assert 2 * (m.probes + m.working) <= m.free < 3 * (m.probes + m.working)
+    finally:
+        session.abandon()
