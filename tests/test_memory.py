@@ -138,6 +138,19 @@ def test_a_disk_store_packs_values_into_few_files(tmp_path: Path) -> None:
     assert len(list((tmp_path / "store").iterdir())) == 2
 
 
+def test_stores_sharing_a_folder_keep_their_own_values(tmp_path: Path) -> None:
+    """Two sessions over one scratch folder (the control-flow candidate beside the original,
+    the quantized prelude done again after its early try) open stores of the same name: each
+    reads back what it put, not the other's bytes at the same offset."""
+    first, second = TensorStore(tmp_path / "reference"), TensorStore(tmp_path / "reference")
+    first.put("x", np.full(16, 1.0, np.float32))
+    second.put("x", np.full(16, 2.0, np.float32))
+    second.put("y", np.arange(5, dtype=np.int64))
+    assert np.array_equal(first.get("x"), np.full(16, 1.0, np.float32))
+    assert np.array_equal(second.get("x"), np.full(16, 2.0, np.float32))
+    assert np.array_equal(second.get("y"), np.arange(5, dtype=np.int64))
+
+
 def test_torch_streams_every_probe_in_one_run() -> None:
     pytest.importorskip("torch")
     from onnx_bisect.backends.registry import create_backend

@@ -442,7 +442,8 @@ def test_tensor_store_round_trips(tmp_path: Path) -> None:
         assert store.nbytes(name) == value.nbytes
     assert "missing" not in store
     assert set(store.metas) == set(values)
-    assert len(list((tmp_path / "cache").iterdir())) == len(values)
+    # Packed into one file whatever the names (no file per value to name safely).
+    assert len(list((tmp_path / "cache").iterdir())) == 1
 
 
 def test_tensor_store_keeps_numpy_scalars_zero_d(tmp_path: Path) -> None:

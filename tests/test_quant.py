@@ -24,6 +24,7 @@ from onnx_bisect.compare.quant import QParams, QuantKind, dequantize, quant_erro
 from onnx_bisect.engine.quant import keep
 from onnx_bisect.result import Verdict
 from tests import quant_models as qm
+from tests.models import make
 
 pytest.importorskip("onnxruntime.quantization")
 
@@ -359,3 +360,85 @@ def test_the_per_tensor_table_is_built_while_the_float64_oracle_measures(tmp_pat
     assert timings["float64"] > timings["load"]  # the oracle was still measuring
     assert ready <= timings["load"] + timings["screen"] + 0.05
     assert result.quant is not None and f"{len(result.quant.rows)} tensors" in note
+
+
+@pytest.mark.parametrize(("budget", "early"), [(270 << 10, False), (4 << 30, True)])
+def test_the_early_scan_waits_for_the_oracle_where_the_budget_cannot_hold_both(
+    tmp_path: Path, budget: int, early: bool
+) -> None:
+    """A quantized target's reference scan is done while the float64 oracle measures only
+    where the budget holds both: at 270 KB the oracle runs alongside (every probe in one
+    float64 run) but a scan of every probe beside it would take the plan past the budget."""
+    from onnx_bisect.engine.diagnose import open_session, prepare
+    from onnx_bisect.engine.quant.prelude import prepare_early
+    from onnx_bisect.engine.session import StageTimer
+    from onnx_bisect.options import BisectOptions
+
+    src, dst = qm.quantized(qm.detector(), tmp_path, "qdq")
+    options = BisectOptions(max_memory=budget, target_model=str(dst))
+    timer = StageTimer()
+    setup, feeds = prepare(str(src), "cpu", "cpu", options, timer)
+    session = open_session(setup, feeds, tmp_path / "scratch", timer)
+    try:
+        m = session.memory
+        assert m.oracle_beside(True) == 2  # the oracle measures alongside at both budgets
+        prepare_early(session)
+        assert bool(session.early) is early
+        if not early:
+            assert 2 * (m.probes + m.working) <= m.free < 3 * (m.probes + m.working)
+    finally:
+        session.abandon()
+
+
+# A runtime that answers every output it is asked for but the run-time scales (one that
+# folds them into its kernels, say): onnxruntime's run, those left out of its .npz.
+_NO_SCALES = """
+import sys
+import numpy as np
+import onnxruntime as ort
+model, inputs, outputs = sys.argv[1:4]
+s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+names = [o.name for o in s.get_outputs()]
+values = s.run(names, dict(np.load(inputs)))
+np.savez(outputs, **{n: v for n, v in zip(names, values) if "scale" not in n})
+"""
+
+
+def test_a_dynamic_target_that_returns_no_run_time_scales_is_still_diagnosed(
+    tmp_path: Path,
+) -> None:
+    """Its integers cannot be read in real units: each is listed unpaired with why, and the
+    diagnosis goes on (it was exit 3, KeyError: a Gemm's result before its bias, which has no
+    float counterpart of its name, paired with a value computed from the missing run)."""
+    import sys
+
+    rng = np.random.default_rng(0)
+    weights = [
+        helper.make_tensor(n, TensorProto.FLOAT, shape, rng.standard_normal(shape).ravel() / 4)
+        for n, shape in (("W1", [16, 16]), ("b1", [16]), ("W2", [16, 8]), ("b2", [8]))
+    ]
+    nodes = [  # Gemms: quantize_dynamic splits each into MatMulInteger... -> Add of the bias
+        helper.make_node("Gemm", ["x", "W1", "b1"], ["a1"], name="fc1"),
+        helper.make_node("Relu", ["a1"], ["r1"], name="relu"),
+        helper.make_node("Gemm", ["r1", "W2", "b2"], ["y"], name="fc2"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])
+    src, dst = qm.quantized(make(nodes, [x], [y], weights), tmp_path, "dynamic")
+    runtime = tmp_path / "no_scales.py"
+    runtime.write_text(_NO_SCALES)
+    out = tmp_path / "out"
+    target = f"exec:{sys.executable} {runtime} {{model}} {{inputs}} {{outputs}}"
+    result = CliRunner().invoke(
+        bisect_app,
+        [str(src), "--target-model", str(dst), "--target", target, "--out", str(out),
+         "--format", "json"],
+    )  # fmt: skip
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert result.exit_code == 1, result.output
+    quant = json.loads((out / "report.json").read_text())["quantization"]
+    why = {u["tensor"]: u["reason"] for u in quant["unpaired"]}
+    unread = [t for t, reason in why.items() if "could not be read" in reason]
+    assert unread and all("did not return" in why[t] for t in unread)
+    # Only what needs no scale is paired: the float result after the bias Add.
+    assert not [rule for rule in quant["paired_by_rule"] if "run-time" in rule]

@@ -183,3 +183,79 @@ def test_an_integer_kernel_without_a_float_form_is_skipped_and_said() -> None:
     found = integer_kernels(h.make_model(h.make_graph([where], "g", [], [])), qm.block())
     assert found.kernels == {}
     assert found.skipped == {"w_quant": "QLinearWhere has no float form here"}
+
+
+def test_restoring_many_dynamic_kernels_costs_about_one_copy_of_the_weights(
+    tmp_path: Path,
+) -> None:
+    """Every kernel of a 48-MatMul dynamic model put back in float: the float model's output,
+    in about the time of copying its weights once (a copy of the whole graph per kernel made
+    each trial of the search on a 100 MB transformer cost seconds)."""
+    import time
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(0)
+    h, x, n, d = onnx.helper, "x", 48, 512
+    nodes, inits = [], []
+    for i in range(n):
+        w = (rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes += [
+            h.make_node("MatMul", [x, f"w{i}"], [f"h{i}"], name=f"mm{i}"),
+            h.make_node("Relu", [f"h{i}"], [f"r{i}"], name=f"relu{i}"),
+        ]
+        x = f"r{i}"
+    io = [h.make_tensor_value_info(t, onnx.TensorProto.FLOAT, [4, d]) for t in ("x", x)]
+    graph = h.make_graph(nodes, "mlp", io[:1], io[1:], inits)
+    float_model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    onnx.save(float_model, tmp_path / "f.onnx")
+    quantize_dynamic(tmp_path / "f.onnx", tmp_path / "q.onnx", weight_type=QuantType.QInt8)
+    target = onnx.load(tmp_path / "q.onnx")
+    kernels = {k: name for name, k in integer_kernels(target, float_model).kernels.items()}
+    assert len(kernels) == n
+
+    def fastest(work: Any) -> float:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            work()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    copy = fastest(lambda: onnx.ModelProto().CopyFrom(float_model))
+    restored = restore_float(target, kernels, float_model)
+    took = fastest(lambda: restore_float(target, kernels, float_model))
+    feeds = {"x": rng.standard_normal((4, d)).astype(np.float32)}
+    np.testing.assert_allclose(_run(restored, feeds)[0], _run(float_model, feeds)[0], rtol=1e-5)
+    # Measured 8x here; a graph copied per kernel was about 90x.
+    assert took < 30 * copy, (took, copy)
+
+
+def test_ops_run_on_the_integers_are_named_as_the_float_model_names_them(
+    tmp_path: Path,
+) -> None:
+    """A QOperator model's Split runs on uint8 as ``split_quant``, with no float form to put
+    back: verdicts and root causes still name it ``split``, the float node nodes_to_exclude
+    takes, as they name the integer kernels."""
+    from onnx_bisect.engine.quant.conclude import _float_nodes
+    from onnx_bisect.graph.load import load_model
+
+    h, rng = onnx.helper, np.random.default_rng(0)
+    w1 = numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) / 5).astype(np.float32), "W1")
+    w2 = numpy_helper.from_array((rng.standard_normal((4, 4, 1, 1)) / 2).astype(np.float32), "W2")
+    nodes = [
+        h.make_node("Conv", ["x", "W1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        h.make_node("Split", ["c1"], ["a", "b"], name="split", axis=1, num_outputs=2),
+        h.make_node("Conv", ["a", "W2"], ["c2"], name="conv2"),
+        h.make_node("Add", ["c2", "b"], ["y"], name="add"),
+    ]
+    x = h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 16, 16])
+    y = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 16, 16])
+    src, dst = qm.quantized(make(nodes, [x], [y], [w1, w2]), tmp_path, "qoperator")
+    target, ref = load_model(str(dst)), load_model(str(src))
+    assert "split_quant" in {n.name for n in target.nodes}  # onnxruntime's QOperator form
+    named = _float_nodes(target, ref)
+    assert named["split_quant"] == "split"
+    float_nodes = {n.name for n in ref.nodes}
+    assert set(named.values()) <= float_nodes

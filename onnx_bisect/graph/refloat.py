@@ -97,15 +97,15 @@ def _unrestorable(node: onnx.NodeProto, model: onnx.ModelProto) -> str:
         q = producers.get(node.input[0])
         if q is None or q.op_type != "DynamicQuantizeLinear":
             return f"its input is not from a DynamicQuantizeLinear ({node.op_type})"
-        if _chain(node, model) is None:
+        if _chain(node, model.graph) is None:
             return f"{node.op_type} is not followed by Cast and Mul by its scales"
     return ""
 
 
-def _chain(node: onnx.NodeProto, model: onnx.ModelProto) -> tuple[onnx.NodeProto, ...] | None:
+def _chain(node: onnx.NodeProto, graph: onnx.GraphProto) -> tuple[onnx.NodeProto, ...] | None:
     """The dynamic kernel's Cast and scale Mul, each the only reader of what it reads."""
     readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
+    for n in graph.node:
         for i in n.input:
             readers.setdefault(i, []).append(n)
     cast = readers.get(node.output[0], [])
@@ -300,7 +300,8 @@ class _Context:
                 n.CopyFrom(helper.make_node("Identity", [result], [n.output[0]], name=n.name))
 
     def dynamic(self, node: onnx.NodeProto, name: str) -> None:
-        chain = _chain(node, onnx.ModelProto(graph=self.g))
+        # The graph itself, not a model around a copy of it (with every weight in it).
+        chain = _chain(node, self.g)
         assert chain is not None
         cast, mul = chain
         source = self.producer[node.input[0]].input[0]

@@ -50,8 +50,7 @@ class TensorStore:
             self._arrays[name] = value
             return
         if self._size >= PACK_BYTES:
-            self._count += 1
-            self._size = 0
+            self._begin_file()
         path = self.directory / f"values{self._count:05d}.bin"
         offset = -(-self._size // _ALIGN) * _ALIGN
         # Opened per value, not held open: nothing to close, and what is written is in the
@@ -63,6 +62,20 @@ class TensorStore:
         self._files.pop(name, None)  # a value stored again answers for the name
         self._arrays.pop(name, None)
         self._packed[name] = (path, offset)
+
+    def _begin_file(self) -> None:
+        """The next file, made here and new: another store of the same name (a second
+        session over the same scratch folder) may have its own files in the directory, and
+        appending to one of them would put our values past the offsets we note."""
+        assert self.directory is not None
+        while True:
+            self._count += 1
+            try:
+                (self.directory / f"values{self._count:05d}.bin").open("xb").close()
+            except FileExistsError:
+                continue
+            self._size = 0
+            return
 
     def adopt(self, name: str, path: Path, meta: TensorMeta, offset: int | None = None) -> None:
         """``path``, an .npy file written elsewhere (the float64 oracle's process), as the

@@ -122,6 +122,14 @@ def _float_nodes(target: LoadedModel, ref: LoadedModel) -> dict[str, str]:
     if not is_qdq(target):
         kernels = {k: n for n, k in integer_kernels(target.model, ref.model).kernels.items()}
     out: dict[str, str] = dict(kernels)
+    # An op onnxruntime runs on the integers as they are (a Split) has no float form to
+    # restore, but keeps its float node's name with ``_quant`` added: named as nodes_to_exclude
+    # takes it, like the kernels.
+    float_names = {n.name for n in ref.nodes}
+    for n in target.nodes:
+        plain = n.name.removesuffix("_quant")
+        if plain != n.name and plain in float_names:
+            out.setdefault(n.name, plain)
     for n in target.nodes:
         if n.op_type not in _QDQ:
             continue

@@ -15,6 +15,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from onnx_bisect.engine.measure.memory import MemoryPlan
 from onnx_bisect.engine.measure.observe import scan
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.quant.pairing import QuantPairing, pair_quantized
@@ -61,7 +62,7 @@ def quantized_target(session: Session) -> bool:
 def prepare_early(session: Session) -> None:
     """For a quantized target, the prelude as ``Session.early`` work: done while the float64
     oracle measures, if it does (a reference that fails is left for the strategy to meet)."""
-    if not quantized_target(session):
+    if not quantized_target(session) or not _beside_oracle(session.memory):
         return
 
     def job() -> None:
@@ -69,6 +70,14 @@ def prepare_early(session: Session) -> None:
             session.prepared[PRELUDE] = _prelude(session)
 
     session.early.append(job)
+
+
+def _beside_oracle(memory: MemoryPlan) -> bool:
+    """Whether the reference's scan fits the budget beside the oracle: measured alongside,
+    it marks every probe in one float64 run (``oracle_beside``), twice the probes and the
+    working set; the screen's runs it was planned beside are over, but a scan marks every
+    probe too. Where both do not fit, the scan waits for the oracle, as it would unhurried."""
+    return 3 * (memory.probes + memory.working) <= memory.free
 
 
 def prelude(session: Session) -> Prelude:

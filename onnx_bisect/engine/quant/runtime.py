@@ -49,10 +49,7 @@ def with_runtime_scales(
         model = with_outputs(target.model, names)
         values = timed_run(session.target, model, session.feeds, "target", session.stats)
     except BackendError as exc:
-        why = f"its run-time scale could not be read: {exc}"
-        unpaired = {**pairing.unpaired, **dict.fromkeys(pairing.pending, why)}
-        pairs = {k: v for k, v in pairing.pairs.items() if k not in pairing.pending}
-        return replace(pairing, pairs=pairs, unpaired=unpaired, pending={})
+        return _unread(pairing, f"its run-time scale could not be read: {exc}")
     params = dict(pairing.params)
     for name, q in pairing.pending.items():
         params[name] = _params(q, values)
@@ -64,7 +61,19 @@ def with_runtime_scales(
             value = np.asarray(store.get(after))
             b = tensor_array(inits[bias]) if bias in inits else values[bias]
             store.put(before, value - np.asarray(b, dtype=value.dtype))
-    return replace(pairing, params=params, pending={}, values=own, isolated=isolated)
+    # A result before its bias pairs with the value put above: without one, with nothing.
+    pairs = {k: v for k, v in pairing.pairs.items() if k not in pairing.biased or v in store}
+    return replace(pairing, pairs=pairs, params=params, pending={}, values=own, isolated=isolated)
+
+
+def _unread(pairing: QuantPairing, why: str) -> QuantPairing:
+    """``pairing`` without the tensors whose meaning the run-time scales give: the pending
+    integers, and each result before its bias (its value is computed from that run)."""
+    dropped = {*pairing.pending, *pairing.biased}
+    unpaired = {**pairing.unpaired, **dict.fromkeys(dropped, why)}
+    pairs = {k: v for k, v in pairing.pairs.items() if k not in dropped}
+    rules = {k: v for k, v in pairing.rules.items() if k not in dropped}
+    return replace(pairing, pairs=pairs, rules=rules, unpaired=unpaired, pending={}, biased={})
 
 
 def _reference_scales(
