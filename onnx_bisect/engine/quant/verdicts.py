@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from onnx_bisect.compare.precision import DATA_MOVEMENT
 from onnx_bisect.compare.quant import COARSE_LEVELS, ROUNDING_SLACK, QuantKind
 from onnx_bisect.quant_result import QuantRow
 from onnx_bisect.result import CauseKind, NodeResult, RootCause, Verdict
@@ -54,7 +55,12 @@ def requalify(
         budget = math.hypot(
             max(e.rel_l2, e.floor), weights.get(n.name, 0.0), *(r.error.rel_l2 for r in inputs)
         )
-        if row.kind is QuantKind.ROUNDING and iso <= ROUNDING_SLACK * budget:
+        if row.kind is QuantKind.ROUNDING and n.op_type in DATA_MOVEMENT:
+            # A Split or Reshape on the integers moves its input's values as they are: its
+            # error is that rounding, however a slice's relative error compares with the whole's.
+            note = f"moves its quantized input's values as they are ({row.scale})"
+            out.append(replace(n, verdict=Verdict.PRECISION, note=note))
+        elif row.kind is QuantKind.ROUNDING and iso <= ROUNDING_SLACK * budget:
             note = (
                 f"within the rounding of {row.scale} (round trip {e.rel_l2:.3g}, "
                 f"uniform rounding predicts {e.floor:.3g})"
