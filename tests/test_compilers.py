@@ -5,6 +5,9 @@ the CLI on the example models. Each test skips, saying why, where its extra is a
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,12 +17,12 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 from onnx_bisect.backends import create_backend
-from onnx_bisect.backends.compiled import COMPILED_DIR_ENV, CompileCache, pinned_model
+from onnx_bisect.backends.compiled import COMPILED_DIR_ENV, CompileCache, OnDisk, pinned_model
 from onnx_bisect.backends.compiler_passes import TVM_OPTIONAL
 from onnx_bisect.backends.iree import compiler_message
 from onnx_bisect.backends.passes import supports_passes
 from onnx_bisect.cli import bisect_app
-from onnx_bisect.errors import BackendError, BackendUnavailableError, SpecError
+from onnx_bisect.errors import BackendCrash, BackendError, BackendUnavailableError, SpecError
 from onnx_bisect.graph.extract import with_outputs
 from tests.models import ROOT, chain
 
@@ -174,6 +177,128 @@ def test_compile_cache_keys_on_graph_shapes_and_settings() -> None:
     assert get(small, "a") == 4  # the least recently used went when a third came
 
 
+_BYTES: OnDisk[bytes] = OnDisk(".bin", lambda b, path: path.write_bytes(b), Path.read_bytes)
+_REFUSED = "iree: unsupported op onnx.BatchNormalization (iree-compile: failed to legalize)"
+
+
+def _refuse(calls: list[int]) -> Callable[[], bytes]:
+    """A build that fails as IREE's does on an op it cannot legalize, counting its calls."""
+
+    def build() -> bytes:
+        calls.append(1)
+        raise BackendError(_REFUSED, detail=f"{_REFUSED}\nDiagnostics: <stdin>:10:10: error")
+
+    return build
+
+
+def _raised(cache: CompileCache[bytes], key: str, build: Callable[[], bytes]) -> BackendError:
+    with pytest.raises(BackendError) as info:
+        cache.get(key, build)
+    return info.value
+
+
+def test_a_failed_compile_is_raised_again_without_compiling() -> None:
+    """Scope 5: a model the compiler refused is not compiled again to be refused again; each
+    time a fresh error of the same class, message and detail (the search sets its role)."""
+    cache: CompileCache[bytes] = CompileCache(disk=_BYTES)
+    calls: list[int] = []
+    first = _raised(cache, "k", _refuse(calls))
+    first.role = "target"
+    again = _raised(cache, "k", _refuse(calls))
+    assert calls == [1] and (cache.compiles, cache.reused) == (1, 1)
+    assert type(again) is BackendError and again is not first and again.role is None
+    assert (str(again), again.detail) == (str(first), first.detail)
+    assert cache.get("other", lambda: b"vmfb") == b"vmfb"  # another key still compiles
+
+
+def test_a_failed_compile_is_read_back_by_another_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the folder named, the failure is kept as ``{key}.failed`` (JSON), which a fresh
+    cache (another process's) reads back as the same error, saying so, without compiling; one
+    that failed before the folder was named is written when asked for again (a bundle's
+    check, ``repro/bundle.py``)."""
+    monkeypatch.setenv(COMPILED_DIR_ENV, str(tmp_path))
+    calls: list[int] = []
+    first = _raised(CompileCache(disk=_BYTES), "k", _refuse(calls))
+    assert [p.name for p in tmp_path.iterdir()] == ["k.failed"]
+    kept = json.loads((tmp_path / "k.failed").read_text())
+    assert kept == {"kind": "onnx_bisect.errors.BackendError", "message": _REFUSED,
+                    "detail": first.detail}  # fmt: skip
+    fresh: CompileCache[bytes] = CompileCache(disk=_BYTES)
+    with caplog.at_level("INFO", logger="onnx_bisect.backends.compiled"):
+        again = _raised(fresh, "k", _refuse(calls))
+    assert calls == [1] and (fresh.compiles, fresh.reused) == (0, 1)
+    assert type(again) is BackendError and (str(again), again.detail) == (_REFUSED, first.detail)
+    assert "failed compile of model k read back" in caplog.text
+    _raised(fresh, "k", _refuse(calls))  # and kept in memory: the file is not read again
+    (tmp_path / "k.failed").unlink()
+    _raised(fresh, "k", _refuse(calls))
+    assert calls == [1] and (tmp_path / "k.failed").exists()
+
+
+def test_a_failed_compile_is_read_back_in_another_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(COMPILED_DIR_ENV, str(tmp_path))
+    first = _raised(CompileCache(disk=_BYTES), "k", _refuse([]))
+    child = (
+        "import sys, pathlib\n"
+        "from onnx_bisect.backends.compiled import CompileCache, OnDisk\n"
+        "from onnx_bisect.errors import BackendError\n"
+        "disk = OnDisk('.bin', lambda b, p: p.write_bytes(b), pathlib.Path.read_bytes)\n"
+        "def build(): sys.exit('compiled again')\n"
+        "try:\n    CompileCache(disk=disk).get('k', build)\n"
+        "except BackendError as exc:\n    print(type(exc).__name__, exc.detail, sep='|')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == f"BackendError|{first.detail}"
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        MemoryError(),
+        RuntimeError("the compiler's own bug"),
+        BackendCrash("iree: the compiler died (signal 9)"),
+    ],
+)
+def test_only_a_compilers_refusal_is_kept(
+    exc: BaseException, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash, a timeout or Python's own error may not happen again: the next run compiles."""
+    monkeypatch.setenv(COMPILED_DIR_ENV, str(tmp_path))
+    cache: CompileCache[bytes] = CompileCache(disk=_BYTES)
+    calls: list[int] = []
+
+    def build() -> bytes:
+        calls.append(1)
+        raise exc
+
+    for _ in range(2):
+        with pytest.raises(type(exc)):
+            cache.get("k", build)
+    assert calls == [1, 1] and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"kind": "os.system", "message": "rm -rf", "detail": null}',
+        '{"kind": "onnx_bisect.errors.BackendError", "message": 3}',
+        "{not json",
+    ],
+)
+def test_a_damaged_failure_file_costs_a_compile(
+    text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the allowed classes are raised from a file; anything else is compiled again."""
+    monkeypatch.setenv(COMPILED_DIR_ENV, str(tmp_path))
+    (tmp_path / "k.failed").write_text(text)
+    cache: CompileCache[bytes] = CompileCache(disk=_BYTES)
+    assert cache.get("k", lambda: b"vmfb") == b"vmfb" and cache.compiles == 1
+
+
 def test_compiler_message_names_the_unsupported_op() -> None:
     text = (
         "Error invoking IREE compiler tool iree-compile\nError code: 1\nDiagnostics:\n"
@@ -211,6 +336,13 @@ def test_iree_batchnorm_before_opset_15_is_unsupported(tmp_path: Path, opset: in
     issue = (tmp_path / "out" / "repro" / "issue.md").read_text()
     version = report["versions"]["iree-base-compiler"]
     assert issue.startswith(f"# `IREE {version}` cannot run `bn`\n"), issue[:200]
+    # Every compile is counted and made here: the bundle's model (its inputs named as in the
+    # model, so not the failure search's check of `bn` alone) fails once, here, for the
+    # check, whose repro.py reads that failure back (once counted, but compiled there too).
+    by_stage = report["target_runs_by_stage"]
+    assert by_stage.get("repro check") == 1 and "repro" not in by_stage, by_stage
+    compiled = f"compiled by iree-compile for llvm-cpu ({sum(by_stage.values())} times)"
+    assert compiled in report["notes"], (by_stage, report["notes"])
 
 
 def test_tvm_fp16_is_declared_and_diverges(tmp_path: Path) -> None:

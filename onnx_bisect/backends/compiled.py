@@ -15,11 +15,19 @@ process, so the cache also lives on disk: ``SandboxBackend`` names a folder of i
 earlier child compiled and writes what it compiled itself. A repro bundle's check names one
 too, for the one model it runs (``repro/bundle.py``): what is already kept in memory is
 written there when asked for while the folder is named.
+
+A compile that fails (IREE's "failed to legalize operation", TVM's unsupported op) is kept by
+the same key, so that a model is not compiled twice to fail twice: in memory, a fresh error of
+the same class, message and ``detail`` is raised again, and in the folder a ``{key}.failed``
+file (JSON) says the same to the other processes, which log that they read it back. Only the
+classes in ``_FAILURES`` are kept: a crash, a timeout or an error of Python's (memory, an
+interrupt) may not happen again, and is left to the next run.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import threading
@@ -33,7 +41,17 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 
-__all__ = ["COMPILED_DIR_ENV", "CompileCache", "OnDisk", "fed_inputs", "pinned_model"]
+from onnx_bisect.errors import BackendError
+
+__all__ = [
+    "COMPILED_DIR_ENV",
+    "CompileCache",
+    "CompileFailure",
+    "OnDisk",
+    "compiles_here",
+    "fed_inputs",
+    "pinned_model",
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +60,20 @@ T = TypeVar("T")
 # The folder a sandboxed child keeps compiled artifacts in, shared with the command's other
 # children (set by ``SandboxBackend``; unset, the cache is this process's alone).
 COMPILED_DIR_ENV = "ONNX_BISECT_COMPILED_DIR"
+
+# The errors a failed compile is kept as, by importable name: what an adapter raises when the
+# compiler refuses a model. Exact classes: ``BackendCrash`` (a death, a timeout) is not one.
+_FAILURES: dict[str, type[BackendError]] = {"onnx_bisect.errors.BackendError": BackendError}
+
+# Builds by every cache of this process, for a caller that must tell whether a run compiled
+# (``repro/bundle.py``), whichever adapter ran it.
+_COMPILES = 0
+_COMPILES_LOCK = threading.Lock()
+
+
+def compiles_here() -> int:
+    """How many compiles (failed ones too) the caches of this process have started."""
+    return _COMPILES
 
 
 @dataclass(frozen=True)
@@ -95,14 +127,52 @@ def pinned_model(model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) 
         return out
 
 
+@dataclass(frozen=True)
+class CompileFailure:
+    """A compile that failed, as kept: its error's class (a name in ``_FAILURES``), message and
+    ``detail``."""
+
+    kind: str
+    message: str
+    detail: str | None
+
+    @classmethod
+    def of(cls, exc: BaseException) -> CompileFailure | None:
+        """``exc`` as kept, or None where it is not a compiler's refusal (see ``_FAILURES``)."""
+        kind = f"{type(exc).__module__}.{type(exc).__qualname__}"
+        if not isinstance(exc, BackendError) or _FAILURES.get(kind) is not type(exc):
+            return None
+        return cls(kind, str(exc), exc.detail)
+
+    @classmethod
+    def parse(cls, text: str) -> CompileFailure:
+        """Read back from its file's JSON; ValueError where it is not one."""
+        data = json.loads(text)
+        kind, message, detail = data.get("kind"), data.get("message"), data.get("detail")
+        if kind not in _FAILURES or not isinstance(message, str):
+            raise ValueError(f"not a kept compile failure: {text[:80]!r}")
+        if detail is not None and not isinstance(detail, str):
+            raise ValueError(f"not a kept compile failure: {text[:80]!r}")
+        return cls(kind, message, detail)
+
+    def text(self) -> str:
+        return json.dumps({"kind": self.kind, "message": self.message, "detail": self.detail})
+
+    def error(self) -> BackendError:
+        """A fresh error to raise (the search sets ``role`` on what it catches)."""
+        return _FAILURES[self.kind](self.message, detail=self.detail)
+
+
 class CompileCache(Generic[T]):
-    """Compiled artifacts by model hash, the ``size`` most recently used kept; with ``disk``,
-    also in the folder ``COMPILED_DIR_ENV`` names, where there is one."""
+    """Compiled artifacts by model hash, the ``size`` most recently used kept, and as many
+    failed compiles; with ``disk``, also in the folder ``COMPILED_DIR_ENV`` names, where there
+    is one. ``compiles`` counts the builds (failed ones too), ``reused`` the answers without."""
 
     def __init__(self, size: int = 8, disk: OnDisk[T] | None = None) -> None:
         self.size = size
         self.disk = disk
         self._items: OrderedDict[str, T] = OrderedDict()
+        self._failed: OrderedDict[str, CompileFailure] = OrderedDict()
         self._lock = threading.Lock()  # dataset mode runs sessions in threads
         self.compiles = 0
         self.reused = 0
@@ -115,27 +185,70 @@ class CompileCache(Generic[T]):
 
     def get(self, key: str, build: Callable[[], T]) -> T:
         """The artifact for ``key``, built by ``build`` only when not already kept (two
-        threads asking at once may both build it; the compile is not held under the lock)."""
+        threads asking at once may both build it; the compile is not held under the lock).
+        A compile that failed for ``key`` before raises its error again (see module)."""
         path = self._path(key)
-        with self._lock:
-            kept = self._items.get(key)
-            if kept is not None:
-                self._items.move_to_end(key)
-                self.reused += 1
+        kept, failure = self._kept(key)
+        if failure is not None:
+            if path is not None and not _failed_path(path).exists():
+                self._save_failure(failure, _failed_path(path))  # as for an artifact, below
+            raise failure.error()
         if kept is not None:
             if path is not None and not path.exists():
                 # Compiled before the folder was named: written now for the processes that
                 # read it (a repro bundle's check, ``repro/bundle.py``).
                 self._save(kept, path)
             return kept
-        if path is not None and path.exists():
+        if path is not None:
+            artifact = self._read_back(key, path)
+            if artifact is not None:
+                return artifact
+        return self._build(key, build, path)
+
+    def _kept(self, key: str) -> tuple[T | None, CompileFailure | None]:
+        with self._lock:
+            kept, failure = self._items.get(key), self._failed.get(key)
+            if kept is not None:
+                self._items.move_to_end(key)
+            elif failure is not None:
+                self._failed.move_to_end(key)
+            else:
+                return None, None
+            self.reused += 1
+            return kept, failure if kept is None else None
+
+    def _read_back(self, key: str, path: Path) -> T | None:
+        """What another process compiled for ``key`` into the folder; raises the error of a
+        compile of it that failed there."""
+        if path.exists():
             artifact = self._load(path)
             if artifact is not None:
                 log.info("compiled model %s read back from %s", key[:12], path.parent)
                 self._keep(key, artifact)
                 self.reused += 1
                 return artifact
-        artifact = build()
+        failure = _load_failure(_failed_path(path))
+        if failure is None:
+            return None
+        log.info("failed compile of model %s read back from %s", key[:12], path.parent)
+        self._keep_failure(key, failure)
+        self.reused += 1
+        raise failure.error()
+
+    def _build(self, key: str, build: Callable[[], T], path: Path | None) -> T:
+        global _COMPILES
+        with _COMPILES_LOCK:
+            _COMPILES += 1
+        try:
+            artifact = build()
+        except BackendError as exc:
+            self.compiles += 1
+            failure = CompileFailure.of(exc)
+            if failure is not None:
+                self._keep_failure(key, failure)
+                if path is not None:
+                    self._save_failure(failure, _failed_path(path))
+            raise
         self.compiles += 1
         self._keep(key, artifact)
         if path is not None:
@@ -147,6 +260,12 @@ class CompileCache(Generic[T]):
             self._items[key] = artifact
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
+
+    def _keep_failure(self, key: str, failure: CompileFailure) -> None:
+        with self._lock:
+            self._failed[key] = failure
+            while len(self._failed) > self.size:
+                self._failed.popitem(last=False)
 
     def _path(self, key: str) -> Path | None:
         folder = os.environ.get(COMPILED_DIR_ENV)
@@ -163,13 +282,36 @@ class CompileCache(Generic[T]):
             return None
 
     def _save(self, artifact: T, path: Path) -> None:
-        assert self.disk is not None
-        # Written under another name and renamed: a child reading it meanwhile never loads
-        # half of one.
-        partial = path.with_name(f".{os.getpid()}-{threading.get_ident()}{path.name}")
-        try:
-            self.disk.save(artifact, partial)
-            os.replace(partial, path)
-        except Exception as exc:  # no room, or a toolchain missing: the next child compiles
-            partial.unlink(missing_ok=True)
-            log.warning("cannot keep the compiled model in %s: %s", path.parent, exc)
+        disk = self.disk
+        assert disk is not None
+        _written(path, lambda partial: disk.save(artifact, partial))
+
+    def _save_failure(self, failure: CompileFailure, path: Path) -> None:
+        _written(path, lambda partial: partial.write_text(failure.text()))
+
+
+def _failed_path(path: Path) -> Path:
+    """The file beside an artifact's ``path`` that says its compile failed."""
+    return path.with_name(f"{path.name.split('.')[0]}.failed")
+
+
+def _load_failure(path: Path) -> CompileFailure | None:
+    try:
+        return CompileFailure.parse(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # a damaged file costs a compile, not the diagnosis
+        log.warning("cannot read the failed compile %s (%s); compiling again", path, exc)
+        return None
+
+
+def _written(path: Path, write: Callable[[Path], object]) -> None:
+    """``path`` written by ``write`` under another name and renamed: a process reading it
+    meanwhile never reads half of one."""
+    partial = path.with_name(f".{os.getpid()}-{threading.get_ident()}{path.name}")
+    try:
+        write(partial)
+        os.replace(partial, path)
+    except Exception as exc:  # no room, or a toolchain missing: the next process compiles
+        partial.unlink(missing_ok=True)
+        log.warning("cannot keep the compiled model in %s: %s", path.parent, exc)

@@ -24,7 +24,7 @@ import numpy.typing as npt
 import onnx
 from onnx import numpy_helper
 
-from onnx_bisect.backends.compiled import COMPILED_DIR_ENV
+from onnx_bisect.backends.compiled import COMPILED_DIR_ENV, compiles_here
 from onnx_bisect.backends.protocol import Backend
 from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.measure.store import TensorStore
@@ -246,12 +246,16 @@ def _check(
         # A hang is checked with the run's --timeout, not repro.py's default (10 min).
         flags = {"--timeout": job.session.options.timeout}
         reused = False
-        if compiled is not None and job.symptom == "divergence":
+        if compiled is not None and job.symptom in ("divergence", "error"):
+            # An error's failed compile is exported as its ``.failed`` file (compiled.py).
             with _compiled_env(compiled):
+                before = compiles_here()
                 exported = _export(job, out_dir, compiled)
+                if compiles_here() > before:  # not the candidate's bytes: a compile after all
+                    stats.record_check()
                 code, output = run_bundle(out_dir, flags)
             reused = bool(exported) and not set(compiled.iterdir()) - exported
-        else:  # an error's compile fails: nothing to export; the check compiles
+        else:  # a crash's run may not end: the check runs it anew
             code, output = run_bundle(out_dir, flags)
         if code != 2:  # 2: repro.py could not run it (a spec it cannot build, say)
             if reused:
@@ -271,10 +275,11 @@ def _check(
 def _export(job: BundleJob, out_dir: Path, folder: Path) -> set[Path]:
     """Have the compile cache write what it compiled for the written bundle into ``folder``
     (a run of the bundle as read back, which the candidate's run here compiled already: not a
-    compile, so not counted), for repro.py to read back; the files there after it. It is the
-    candidate's model read back from its files, the same bytes for the compile cache's key
-    (checked on IREE and TVM): were it not, this run would compile it uncounted, and repro.py
-    would still read that back rather than compile it again."""
+    compile, so not counted), for repro.py to read back; the files there after it. An error's
+    compile, failed, is written as its ``.failed`` file. A candidate the bundle search ran is
+    the same bytes for the compile cache's key (checked on IREE and TVM); the failure search's
+    check of a node alone is not (its input is renamed), so this run compiles it, which the
+    caller counts, and repro.py reads that back rather than compile it again."""
     model, inputs, _ = load_bundle(out_dir)
     try:
         job.target.run(model, inputs)
