@@ -17,7 +17,13 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 from onnx_bisect.backends import create_backend
-from onnx_bisect.backends.compiled import COMPILED_DIR_ENV, CompileCache, OnDisk, pinned_model
+from onnx_bisect.backends.compiled import (
+    COMPILED_DIR_ENV,
+    CompileCache,
+    OnDisk,
+    compiles_here,
+    pinned_model,
+)
 from onnx_bisect.backends.compiler_passes import TVM_OPTIONAL
 from onnx_bisect.backends.iree import compiler_message
 from onnx_bisect.backends.passes import supports_passes
@@ -395,6 +401,43 @@ def test_tvm_unsupported_op_is_an_error_naming_it() -> None:
     model.graph.output.append(helper.make_tensor_value_info("d", TensorProto.FLOAT, []))
     with pytest.raises(BackendError, match="unsupported op.*not supported .*: Det$"):
         create_backend("tvm").run(model, {"x": np.ones((8, 8), np.float32)})
+
+
+def test_tvm_refusing_a_model_is_kept_and_not_compiled_again() -> None:
+    """TVM's importer refuses a Reshape to a data-dependent shape with a TypeError: raised as the
+    backend's error inside the compile, so the compile cache keeps the failure and the same
+    model asked again fails without a second compile (the failure search, the bundle check)."""
+    _need("tvm", "tvm")
+    model = with_outputs(chain(1), ["y"])
+    # The new shape depends on the data (max(y) * 0 + [8, 8]): TVM cannot fold it.
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array(v, np.int64), n)
+            for n, v in (("base", [8, 8]), ("zero", 0))
+        ]
+    )
+    model.graph.node.extend(
+        [
+            helper.make_node("ReduceMax", ["y"], ["m"], name="max", keepdims=0),
+            helper.make_node("Cast", ["m"], ["mi"], name="cast", to=TensorProto.INT64),
+            helper.make_node("Mul", ["mi", "zero"], ["z"], name="mul"),
+            helper.make_node("Add", ["base", "z"], ["s"], name="add"),
+            helper.make_node("Reshape", ["y", "s"], ["r"], name="reshape"),
+        ]
+    )
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [8, 8]))
+    feeds = {"x": np.ones((8, 8), np.float32)}
+    try:
+        create_backend("tvm").run(model, feeds)
+    except BackendError as exc:
+        first = str(exc)
+    else:
+        pytest.skip("this TVM imports a Reshape to a shape computed from the data")
+    before = compiles_here()
+    with pytest.raises(BackendError) as again:
+        create_backend("tvm").run(model, feeds)
+    assert str(again.value) == first and compiles_here() == before
 
 
 # The example models, each a compile of seconds to a minute on two shared cores.

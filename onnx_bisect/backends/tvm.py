@@ -22,7 +22,7 @@ import onnx
 from onnx_bisect.backends.compiled import CompileCache, OnDisk, fed_inputs, pinned_model
 from onnx_bisect.backends.compiler_passes import TvmPasses
 from onnx_bisect.backends.passes import PassControl
-from onnx_bisect.backends.protocol import BackendBase, Capabilities, Tensors
+from onnx_bisect.backends.protocol import BackendBase, Capabilities, Tensors, one_line
 from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.compare.precision import PrecisionInfo, parse_precision
 from onnx_bisect.errors import BackendError, BackendUnavailableError, SpecError
@@ -151,17 +151,26 @@ class TvmBackend(BackendBase):
         with context:
             try:
                 mod = from_onnx(model, shape_dict=shapes, dtype_dict=dtypes)
+                mod = relax.transform.DecomposeOpsForInference()(mod)
+                if self.fp16 and "ToMixedPrecision" not in self.disabled:
+                    # Called directly, a pass runs whatever disabled_pass says: asked here.
+                    mod = relax.transform.ToMixedPrecision()(mod)
+                mod = relax.transform.LegalizeOps()(mod)
+                return tvm.compile(mod, target=self.target)
             except tvm.error.OpNotImplemented as exc:
                 # "The following operators are not supported for frontend ONNX: LSTM": said
                 # in the word the failure search reads as "the target lacks the op".
                 text = " ".join(str(exc).split())
                 raise BackendError(f"{self.spec.text}: unsupported op(s): {text}") from None
-            mod = relax.transform.DecomposeOpsForInference()(mod)
-            if self.fp16 and "ToMixedPrecision" not in self.disabled:
-                # Called directly, a pass runs whatever disabled_pass says: asked here.
-                mod = relax.transform.ToMixedPrecision()(mod)
-            mod = relax.transform.LegalizeOps()(mod)
-            return tvm.compile(mod, target=self.target)
+            except MemoryError:
+                raise
+            except Exception as exc:
+                # TVM's importer and passes raise TypeError, ValueError, TVMError...: a refusal
+                # of this model, raised as the backend's error so the compile cache keeps it
+                # and the same model is not compiled again to fail again.
+                raise BackendError(
+                    f"{self.spec.text}: {one_line(exc)}", detail=f"{self.spec.text}: {exc}"
+                ) from exc
 
     def computes_in(self) -> PrecisionInfo | None:
         if not self.fp16:
