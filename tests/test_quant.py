@@ -262,14 +262,17 @@ def test_one_quantized_model_on_two_backends_runs(tmp_path: Path, form: str) -> 
     assert json.loads((tmp_path / "out" / "report.json").read_text())["quantization"] is None
 
 
-class StepFault(BackendBase):
-    """ONNX Runtime's CPU, except that quantized node ``node`` writes ``steps`` quantization
-    steps more than it should (saturating): an integer kernel off by that much."""
+class _NodeFault(BackendBase):
+    """ONNX Runtime's CPU, except that node ``node``'s first output goes through what
+    ``_fault`` adds after it (renamed ``<out>__raw`` before)."""
 
-    def __init__(self, node: str, steps: int) -> None:
-        super().__init__(BackendSpec(text=f"stepfault({node}+{steps})", name="stepfault"))
-        self.node, self.steps = node, steps
+    def __init__(self, text: str, name: str, node: str) -> None:
+        super().__init__(BackendSpec(text=text, name=name))
+        self.node = node
         self.inner = create_backend("cpu")
+
+    def _fault(self, out: str) -> list[onnx.NodeProto]:
+        raise NotImplementedError
 
     def _run(self, model: onnx.ModelProto, feeds: Mapping[str, Any]) -> Tensors:
         m = onnx.ModelProto()
@@ -277,22 +280,32 @@ class StepFault(BackendBase):
         nodes: list[onnx.NodeProto] = []
         for n in m.graph.node:
             nodes.append(n)
-            if n.name != self.node:
-                continue
-            out = n.output[0]
-            n.output[0] = f"{out}__raw"
-            k = {"k": self.steps, "lo": 0, "hi": 255}
-            nodes += [helper.make_node("Constant", [], [f"{out}__{c}"], value=helper.make_tensor(
-                f"{out}__{c}", TensorProto.INT32, [], [v])) for c, v in k.items()]  # fmt: skip
-            nodes += [
-                helper.make_node("Cast", [f"{out}__raw"], [f"{out}__i"], to=TensorProto.INT32),
-                helper.make_node("Add", [f"{out}__i", f"{out}__k"], [f"{out}__a"]),
-                helper.make_node("Clip", [f"{out}__a", f"{out}__lo", f"{out}__hi"], [f"{out}__c"]),
-                helper.make_node("Cast", [f"{out}__c"], [out], to=TensorProto.UINT8),
-            ]
+            if n.name == self.node:
+                nodes += self._fault(n.output[0])
+                n.output[0] = f"{n.output[0]}__raw"
         del m.graph.node[:]
         m.graph.node.extend(nodes)
         return self.inner.run(m, feeds)
+
+
+class StepFault(_NodeFault):
+    """Quantized node ``node`` writes ``steps`` quantization steps more than it should
+    (saturating): an integer kernel off by that much."""
+
+    def __init__(self, node: str, steps: int) -> None:
+        super().__init__(f"stepfault({node}+{steps})", "stepfault", node)
+        self.steps = steps
+
+    def _fault(self, out: str) -> list[onnx.NodeProto]:
+        k = {"k": self.steps, "lo": 0, "hi": 255}
+        nodes = [helper.make_node("Constant", [], [f"{out}__{c}"], value=helper.make_tensor(
+            f"{out}__{c}", TensorProto.INT32, [], [v])) for c, v in k.items()]  # fmt: skip
+        return nodes + [
+            helper.make_node("Cast", [f"{out}__raw"], [f"{out}__i"], to=TensorProto.INT32),
+            helper.make_node("Add", [f"{out}__i", f"{out}__k"], [f"{out}__a"]),
+            helper.make_node("Clip", [f"{out}__a", f"{out}__lo", f"{out}__hi"], [f"{out}__c"]),
+            helper.make_node("Cast", [f"{out}__c"], [out], to=TensorProto.UINT8),
+        ]
 
 
 @pytest.mark.parametrize(("steps", "verdict"), [(1, Verdict.PRECISION), (4, Verdict.CULPRIT)])
@@ -317,35 +330,22 @@ def test_one_int8_model_on_two_backends_compares_integers_in_real_units(
         assert not culprits
 
 
-class AccFault(BackendBase):
-    """ONNX Runtime's CPU, except that integer node ``node`` writes its int32 accumulator
-    ``1 + rel`` times too large: a kernel off by more than any rounding."""
+class AccFault(_NodeFault):
+    """Integer node ``node`` writes its int32 accumulator ``1 + rel`` times too large: a
+    kernel off by more than any rounding."""
 
     def __init__(self, node: str, rel: float) -> None:
-        super().__init__(BackendSpec(text=f"accfault({node}*{1 + rel})", name="accfault"))
-        self.node, self.rel = node, rel
-        self.inner = create_backend("cpu")
+        super().__init__(f"accfault({node}*{1 + rel})", "accfault", node)
+        self.rel = rel
 
-    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, Any]) -> Tensors:
-        m = onnx.ModelProto()
-        m.CopyFrom(model)
-        nodes: list[onnx.NodeProto] = []
-        for n in m.graph.node:
-            nodes.append(n)
-            if n.name != self.node:
-                continue
-            out = n.output[0]
-            n.output[0] = f"{out}__raw"
-            k = helper.make_tensor(f"{out}__k", TensorProto.FLOAT, [], [1 + self.rel])
-            nodes += [
-                helper.make_node("Constant", [], [f"{out}__k"], value=k),
-                helper.make_node("Cast", [f"{out}__raw"], [f"{out}__f"], to=TensorProto.FLOAT),
-                helper.make_node("Mul", [f"{out}__f", f"{out}__k"], [f"{out}__m"]),
-                helper.make_node("Cast", [f"{out}__m"], [out], to=TensorProto.INT32),
-            ]
-        del m.graph.node[:]
-        m.graph.node.extend(nodes)
-        return self.inner.run(m, feeds)
+    def _fault(self, out: str) -> list[onnx.NodeProto]:
+        k = helper.make_tensor(f"{out}__k", TensorProto.FLOAT, [], [1 + self.rel])
+        return [
+            helper.make_node("Constant", [], [f"{out}__k"], value=k),
+            helper.make_node("Cast", [f"{out}__raw"], [f"{out}__f"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", [f"{out}__f", f"{out}__k"], [f"{out}__m"]),
+            helper.make_node("Cast", [f"{out}__m"], [out], to=TensorProto.INT32),
+        ]
 
 
 def test_the_per_tensor_table_is_built_while_the_float64_oracle_measures(tmp_path: Path) -> None:
