@@ -284,3 +284,29 @@ def test_a_transform_and_a_float16_model_declare_float16() -> None:
     )
     by_model = side_precision(cpu, model=load_model(half))
     assert by_model.precision.value == "float16" and by_model.asked
+
+
+def test_a_masked_softmax_has_no_gain_from_an_input_error_below_one_rounding() -> None:
+    """Scores with a -3.4e38 causal mask: their rel_l2 is swamped by the mask's norm (about
+    1e-40), so the Softmax's ratio of output to input error would read x1e38 among the chain's
+    "largest gains" (the 2 GB Llama's did). Below one float32 rounding there is no ratio."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 8)).astype(np.float32)
+    mask = np.triu(np.full((8, 8), np.finfo(np.float32).min, np.float32), 1)
+    model = make(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["s"], name="scores"),
+            helper.make_node("Add", ["s", "mask"], ["m"], name="masked"),
+            helper.make_node("Softmax", ["m"], ["y"], name="softmax", axis=-1),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(mask, "mask")],
+    )
+    result = onnx_bisect.bisect(model, target=FaultyBackend("scores", 0.01))
+    by_name = {n.name: n for n in result.nodes}
+    masked, softmax = by_name["masked"], by_name["softmax"]
+    assert masked.rel_l2 is not None and masked.rel_l2 < 2.0**-24
+    assert softmax.rel_l2 is not None and softmax.rel_l2 > 1e-4
+    assert softmax.amplification is None
+    assert all((c.gain or 0.0) < 1e6 for c in result.chain)

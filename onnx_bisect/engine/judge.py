@@ -137,9 +137,15 @@ def _amplification(
     ins = [c.metrics.get("rel_l2", 0.0) for c in known]
     worst_in = max((x for x in ins if x == x), default=0.0)
     out = acc.metrics["rel_l2"]
-    if worst_in <= 0.0 or out != out:
+    if worst_in < _ONE_ROUNDING or out != out:
+        # An input error below one float32 rounding (a masked score's -3.4e38 swamps its
+        # norm) is not an error this node could grow: the ratio would read x1e38.
         return None
     return out / worst_in
+
+
+# float32's unit roundoff: a relative error below it is the input's own representation.
+_ONE_ROUNDING = 2.0**-24
 
 
 # Verdicts that are not where a computation parts ways: a changed constant is reported as a
