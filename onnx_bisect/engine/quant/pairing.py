@@ -10,6 +10,7 @@ its own: those pairs wait in ``pending`` until its run gives them (``runtime.py`
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -82,9 +83,10 @@ def initializers(model: LoadedModel) -> dict[str, onnx.TensorProto]:
 
 
 def qparams(
-    model: LoadedModel, q: QTensor, inits: dict[str, onnx.TensorProto] | None = None
+    model: LoadedModel, q: QTensor, inits: Mapping[str, onnx.TensorProto] | None = None
 ) -> QParams | None:
-    """The scale and zero point as arrays, from the model's initializers."""
+    """The scale and zero point as arrays, from the model's initializers (``inits``: them
+    by name, given by a caller asking for many tensors)."""
     inits = inits if inits is not None else initializers(model)
     if q.scale not in inits or (q.zero_point is not None and q.zero_point not in inits):
         return None

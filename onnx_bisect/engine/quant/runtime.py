@@ -15,11 +15,12 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import onnx
 
 from onnx_bisect.compare.quant import QParams
 from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.measure.store import TensorStore
-from onnx_bisect.engine.quant.pairing import QuantPairing
+from onnx_bisect.engine.quant.pairing import QuantPairing, initializers
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.extract import with_outputs
@@ -38,7 +39,7 @@ def with_runtime_scales(
     its bias put in ``store``."""
     if not pairing.pending:
         return pairing
-    inits = {t.name: t for t in target.model.graph.initializer}
+    inits = initializers(target)
     biases = [b for _, b in pairing.biased.values() if b not in inits]
     names = list(
         dict.fromkeys(
@@ -53,7 +54,7 @@ def with_runtime_scales(
     params = dict(pairing.params)
     for name, q in pairing.pending.items():
         params[name] = _params(q, values)
-    own = _reference_scales(target, pairing, store, values)
+    own = _reference_scales(target, pairing, store, values, inits)
     isolated = {name: _params(q, {**values, **own}) for name, q in pairing.pending.items()}
     for before, (after, bias) in pairing.biased.items():
         # The float model has the biased tensor only: the value before the Add, in its terms.
@@ -81,6 +82,7 @@ def _reference_scales(
     pairing: QuantPairing,
     store: TensorStore,
     values: dict[str, npt.NDArray[Any]],
+    inits: dict[str, onnx.TensorProto],
 ) -> dict[str, npt.NDArray[Any]]:
     """The scales and zero points the model computes from the reference's values: what
     isolation feeds a MatMulInteger beside the reference quantized by them, and what a
@@ -96,7 +98,6 @@ def _reference_scales(
             scale, zp = dynamic_scale(x)
             if scale > 0:
                 out[producer.outputs[1]], out[producer.outputs[2]] = scale, zp
-    inits = {t.name: t for t in target.model.graph.initializer}
     for q in pairing.pending.values():
         producer = target.producer.get(q.scale)
         if producer is None or producer.op_type != "Mul" or q.scale in out:
@@ -111,7 +112,7 @@ def _reference_scales(
     return out
 
 
-def _init(inits: dict[str, Any], name: str) -> npt.NDArray[Any] | None:
+def _init(inits: dict[str, onnx.TensorProto], name: str) -> npt.NDArray[Any] | None:
     return tensor_array(inits[name]) if name in inits else None
 
 

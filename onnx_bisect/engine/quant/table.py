@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
+import onnx
 
 from onnx_bisect.compare.quant import COARSE_LEVELS, QParams, QuantKind, dequantize, quant_error
 from onnx_bisect.engine.measure.store import TensorStore
-from onnx_bisect.engine.quant.pairing import QuantPairing, qparams
+from onnx_bisect.engine.quant.pairing import QuantPairing, initializers, qparams
 from onnx_bisect.graph.qdq import QTensor, read_quantized
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
 from onnx_bisect.graph.weights import tensor_array
@@ -152,7 +152,7 @@ def weight_floors(
     its weights): a QOperator kernel's own, or a QDQ node's DequantizeLinear'd initializer;
     for a dynamic model's MatMulInteger/ConvInteger also on the reference's inputs in ``view``
     with its input's rounding at the step ``steps`` gives it (``_on_inputs``)."""
-    inits = {t.name: t for t in target.model.graph.initializer}
+    inits = initializers(target)
     quantized = read_quantized(target).tensors
     out: dict[str, float] = {}
     for n in target.nodes:
@@ -198,7 +198,7 @@ def _dynamic_weight(
 
 def _on_inputs(
     target: LoadedModel,
-    inits: Mapping[str, Any],
+    inits: Mapping[str, onnx.TensorProto],
     n: NodeInfo,
     view: TensorStore,
     x_step: float,
@@ -213,7 +213,7 @@ def _on_inputs(
     weights under one per-tensor step loses more than the weights' own norm says. Plus the
     input's rounding at ``x_step`` through the weights: each output sums its operands' noise
     times their weights squared (a DFL Conv's weights 0..15 weigh its inputs' rounding up)."""
-    p = qparams(target, QTensor(weight, scale, zero_point, axis, None, "weight", True))
+    p = qparams(target, QTensor(weight, scale, zero_point, axis, None, "weight", True), inits)
     x_name, y_name = n.inputs[0], n.outputs[0]
     if p is None or x_name not in view or y_name not in view:
         return 0.0
@@ -246,13 +246,13 @@ def _axis(target: LoadedModel, n: NodeInfo) -> int | None:
 
 def _weight_floor(
     target: LoadedModel,
-    inits: Mapping[str, Any],
+    inits: Mapping[str, onnx.TensorProto],
     weight: str,
     scale: str,
     zero_point: str | None,
     axis: int | None,
 ) -> float | None:
-    p = qparams(target, QTensor(weight, scale, zero_point, axis, None, "weight", True))
+    p = qparams(target, QTensor(weight, scale, zero_point, axis, None, "weight", True), inits)
     if p is None:
         return None
     w = dequantize(tensor_array(inits[weight]), p)
