@@ -13,6 +13,7 @@ their scale and zero point are tensors of the model, read from its run.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
@@ -100,7 +101,7 @@ def read_quantized(model: LoadedModel) -> QuantGraph:
     out = QuantGraph()
     constants = set(model.constant_nodes)
     quantized: set[str] = set()
-    readers = _readers(model)
+    readers = model.readers
     for n in model.nodes:
         if n.name in constants:
             continue
@@ -133,16 +134,8 @@ def _dynamic(n: NodeInfo, out: QuantGraph) -> None:
             out.unpaired[p] = f"the run-time {what} of {y} (read from the run to dequantize it)"
 
 
-def _readers(model: LoadedModel) -> dict[str, list[NodeInfo]]:
-    out: dict[str, list[NodeInfo]] = {}
-    for n in model.nodes:
-        for i in dict.fromkeys(n.inputs):
-            out.setdefault(i, []).append(n)
-    return out
-
-
 def _accumulated(
-    model: LoadedModel, readers: dict[str, list[NodeInfo]], n: NodeInfo, out: QuantGraph
+    model: LoadedModel, readers: Mapping[str, Sequence[NodeInfo]], n: NodeInfo, out: QuantGraph
 ) -> None:
     """MatMulInteger/ConvInteger: the int32 accumulator and its Cast to float stand for what
     the ``Mul`` by the product of scales writes, which stands for the float op's output (or,
@@ -158,7 +151,7 @@ def _accumulated(
     for t in (acc, cast):
         out.tensors[t] = QTensor(t, scales, None, None, result, "accumulator × run-time scales",
                                  True, True)  # fmt: skip
-    after = readers.get(result, [])
+    after = readers.get(result, ())
     add = after[0] if len(after) == 1 and after[0].op_type == "Add" else None
     fixed = set(model.initializers) | set(model.constants)  # a bias Reshape'd at run time
     bias = [i for i in add.inputs if i != result and i in fixed] if add else []
@@ -169,14 +162,16 @@ def _accumulated(
         out.results.add(result)
 
 
-def dynamic_chain(readers: dict[str, list[NodeInfo]], acc: str) -> tuple[str, str, str] | None:
+def dynamic_chain(
+    readers: Mapping[str, Sequence[NodeInfo]], acc: str
+) -> tuple[str, str, str] | None:
     """An accumulator's ``Cast`` output, the product of scales the ``Mul`` after it reads,
     and that Mul's output: how onnxruntime's quantize_dynamic turns it back into floats."""
-    casts = readers.get(acc, [])
+    casts = readers.get(acc, ())
     if len(casts) != 1 or casts[0].op_type != "Cast":
         return None
     cast = casts[0].outputs[0]
-    muls = readers.get(cast, [])
+    muls = readers.get(cast, ())
     if len(muls) != 1 or muls[0].op_type != "Mul":
         return None
     scales = [i for i in muls[0].inputs if i != cast]

@@ -161,21 +161,15 @@ class _Context:
 
     def float_weight(self, quantized: str) -> str | None:
         """The float model's initializer for a quantized one (same shape), added."""
-        f = self.floats.get(quantized.removesuffix("_quantized"))
-        q = self.inits.get(quantized)
+        name = quantized.removesuffix("_quantized")
+        f, q = self.floats.get(name), self.inits.get(quantized)
         if f is None or q is None or tuple(f.dims) != tuple(q.dims):
             return None
-        if f.name in self.added:
-            return self.added[f.name].name
-        w = onnx.TensorProto()
-        w.CopyFrom(f)
-        w.name = self.fresh(f.name) if f.name in self.names else f.name
-        self.names.add(w.name)
-        self.added[f.name] = w
-        return w.name
+        return self.float_weight_named(name)
 
     def float_weight_named(self, name: str) -> str:
-        """The float model's initializer ``name`` (a Clip's bound), added; "" if absent."""
+        """The float model's initializer ``name`` (a weight, a Clip's bound), added once under
+        a name the graph does not hold yet; "" if absent."""
         f = self.floats.get(name)
         if not name or f is None:
             return ""

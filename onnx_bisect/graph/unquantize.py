@@ -15,7 +15,7 @@ import onnx
 from onnx import helper
 
 from onnx_bisect.graph.qdq import QDQ_OPS
-from onnx_bisect.graph.view import LoadedModel, NodeInfo
+from onnx_bisect.graph.view import LoadedModel
 
 __all__ = ["is_qdq", "keep_in_float", "quantized_nodes"]
 
@@ -33,7 +33,7 @@ def is_qdq(model: LoadedModel) -> bool:
 def quantized_nodes(model: LoadedModel) -> tuple[str, ...]:
     """Nodes that compute on dequantized values or have their output quantized: what can be
     kept in float, in graph order."""
-    producer, readers = model.producer, _readers(model)
+    producer, readers = model.producer, model.readers
     out: list[str] = []
     for n in model.nodes:
         if n.op_type in QDQ_OPS or n.name in model.constant_nodes:
@@ -61,7 +61,7 @@ def keep_in_float(
     out.CopyFrom(model.model)
     g = out.graph
     producer = {o: n for n in g.node for o in n.output}
-    readers = _readers(model)
+    readers = model.readers
     added: dict[str, onnx.TensorProto] = {}
     for node in g.node:
         if node.name not in keep:
@@ -112,14 +112,6 @@ def _to_float(
 def _proto(g: onnx.GraphProto, name: str) -> onnx.NodeProto:
     found: onnx.NodeProto = next(n for n in g.node if n.name == name)
     return found
-
-
-def _readers(model: LoadedModel) -> dict[str, list[NodeInfo]]:
-    readers: dict[str, list[NodeInfo]] = {}
-    for n in model.nodes:
-        for i in n.inputs:
-            readers.setdefault(i, []).append(n)
-    return readers
 
 
 def _drop_unread(g: onnx.GraphProto) -> None:

@@ -95,6 +95,16 @@ class LoadedModel:
         return {o: n for n in self.nodes for o in n.outputs}
 
     @cached_property
+    def readers(self) -> dict[str, tuple[NodeInfo, ...]]:
+        """Tensor -> the nodes reading it, in graph order, each once (a ``Mul(x, x)`` is one
+        reader of ``x``)."""
+        out: dict[str, list[NodeInfo]] = {}
+        for n in self.nodes:
+            for i in dict.fromkeys(n.inputs):
+                out.setdefault(i, []).append(n)
+        return {t: tuple(ns) for t, ns in out.items()}
+
+    @cached_property
     def constants(self) -> tuple[str, ...]:
         """Tensors computed from initializers alone (an optimizer that folds BatchNorm into a
         Conv at run time leaves such arithmetic): they are the same on every input."""

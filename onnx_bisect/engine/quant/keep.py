@@ -22,7 +22,7 @@ from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.refloat import integer_kernels, restore_float
 from onnx_bisect.graph.unquantize import is_qdq, keep_in_float, quantized_nodes
-from onnx_bisect.graph.view import LoadedModel, NodeInfo
+from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.quant_result import KeepInFloat, Sensitivity
 from onnx_bisect.text import fmt, plural
 
@@ -329,16 +329,13 @@ def _dropped_activations(
     it and is gone."""
     names = {n.name for n in target.nodes}
     inits = {t.name: t for t in ref.model.graph.initializer}
-    readers: dict[str, list[NodeInfo]] = {}
-    for n in ref.nodes:
-        for i in n.inputs:
-            readers.setdefault(i, []).append(n)
+    readers = ref.readers
     out: dict[str, tuple[onnx.NodeProto, list[onnx.TensorProto]]] = {}
     for t in target.nodes:
         for o in t.outputs:
             act = ref.producer.get(o)
             if act is None or act.op_type not in _ACTIVATIONS or act.op_type == t.op_type:
-                lone = readers.get(o, [])
+                lone = readers.get(o, ())
                 act = lone[0] if len(lone) == 1 else None
                 if act is None or act.op_type not in _ACTIVATIONS or act.name in names:
                     continue
