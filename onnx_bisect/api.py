@@ -184,8 +184,14 @@ def _bisect_steps(
     result = _bisect_one(model, ref, target, one, timer)
     runs = Counter(result.runs) + Counter(stepped.runs)
     timings = {k: result.timings[k] for k in ("load", "steps", "free run") if k in result.timings}
+    stepping = stepped.runs.get("target", 0)
+    stage_runs = {**({"steps": stepping} if stepping else {}), **result.stage_runs}
     return dataclasses.replace(
-        result, steps=summary, runs=dict(runs), timings={**timings, **result.timings}
+        result,
+        steps=summary,
+        runs=dict(runs),
+        timings={**timings, **result.timings},
+        stage_runs=stage_runs,
     )
 
 

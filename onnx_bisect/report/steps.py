@@ -64,8 +64,13 @@ def steps_dict(d: StepsSummary) -> dict[str, Any]:
     }
 
 
+def _has_tokens(d: StepsSummary) -> bool:
+    return any(s.ref_token is not None for s in d.per_step)
+
+
 def _rows(d: StepsSummary) -> list[tuple[str, ...]]:
     free = {s.step: s for s in d.free_run or ()}
+    tokens = _has_tokens(d)
     rows: list[tuple[str, ...]] = []
     for s in d.per_step:
         row: tuple[str, ...] = (
@@ -74,17 +79,18 @@ def _rows(d: StepsSummary) -> list[tuple[str, ...]]:
             s.worst.tensor if s.worst is not None else "-",
             step_error(s),
             fmt(s.worst.threshold) if s.worst is not None else "-",
-            _tokens(s),
         )
+        row += (_tokens(s),) if tokens else ()
         if d.free_run is not None:
             f = free.get(s.step)
-            row += (_tokens(f) if f else "-", f.status() if f else "-")
+            row += (_tokens(f) if f and tokens else "-", f.status() if f else "-")
         rows.append(row)
     return rows
 
 
 def _header(d: StepsSummary) -> tuple[str, ...]:
-    head = ("step", "status", "worst output", "error", "threshold", "tokens ref / target")
+    head: tuple[str, ...] = ("step", "status", "worst output", "error", "threshold")
+    head += ("tokens ref / target",) if _has_tokens(d) else ()
     return head + (("free-run tokens", "free-run status") if d.free_run is not None else ())
 
 
