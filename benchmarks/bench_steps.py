@@ -25,60 +25,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOOR_S = 60.0
-
-
-def export_gpt2(path: Path, layers: int) -> str:
-    """The decoder at ``path``; returns layer 1's (or 0's) attention-score MatMul."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-    from transformers.cache_utils import DynamicCache
-
-    cfg = GPT2Config(n_layer=layers, n_embd=64, n_head=4, vocab_size=1000, n_positions=128)
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(cfg).eval()
-
-    class WithCache(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.m = model
-
-        def forward(self, input_ids: Any, attention_mask: Any, *past: Any) -> Any:
-            cache = DynamicCache()
-            for i in range(layers):
-                cache.update(past[2 * i], past[2 * i + 1], i)
-            out = self.m(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                past_key_values=cache,
-                use_cache=True,
-            )
-            kv = out.past_key_values
-            flat = [t for layer in kv.layers for t in (layer.keys, layer.values)]
-            return (out.logits, *flat)
-
-    kinds = [f"{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-    inputs = ["input_ids", "attention_mask", *(f"past_key_values.{k}" for k in kinds)]
-    outputs = ["logits", *(f"present.{k}" for k in kinds)]
-    axes: dict[str, dict[int, str]] = {
-        "input_ids": {0: "batch", 1: "seq"},
-        "attention_mask": {0: "batch", 1: "total"},
-        "logits": {0: "batch", 1: "seq"},
-    }
-    axes |= {n: {0: "batch", 2: "past"} for n in inputs[2:]}
-    axes |= {n: {0: "batch", 2: "total"} for n in outputs[1:]}
-    past = [torch.randn(1, 4, 3, 16) for _ in kinds]
-    example = (torch.tensor([[5]]), torch.ones(1, 4, dtype=torch.int64), *past)
-    torch.onnx.export(
-        WithCache(),
-        example,
-        str(path),
-        input_names=inputs,
-        output_names=outputs,
-        dynamic_axes=axes,
-        opset_version=17,
-        dynamo=False,
-    )
-    return f"/m/transformer/h.{min(1, layers - 1)}/attn/MatMul"
+sys.path.insert(0, str(ROOT))
+from tests.steps_models import export_gpt2  # noqa: E402  (the tests' model, one definition)
 
 
 def run_case(model: Path, target: str, steps: int, out: Path) -> dict[str, Any]:

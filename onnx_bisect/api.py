@@ -25,7 +25,7 @@ from onnx_bisect.engine.measure.observe import scan
 from onnx_bisect.engine.passes.bisection import bisect_passes
 from onnx_bisect.engine.progress import NoProgress, Progress
 from onnx_bisect.engine.session import Session, Setup, StageTimer, scratch_dir
-from onnx_bisect.engine.steps.loop import run_steps
+from onnx_bisect.engine.steps.loop import one_step, run_steps
 from onnx_bisect.errors import InputError
 from onnx_bisect.options import DEFAULT_SAMPLE, BisectOptions, ModelLike
 from onnx_bisect.report.files import write_bundle_docs
@@ -178,9 +178,7 @@ def _bisect_steps(
     summary = stepped.summary
     chosen = summary.first_divergent_step
     step = chosen if chosen is not None else len(stepped.feeds) - 1
-    one = dataclasses.replace(
-        opts, steps=None, state=(), chunks=None, free_run=False, inputs=stepped.feeds[step]
-    )
+    one = one_step(opts, stepped.feeds[step])
     result = _bisect_one(model, ref, target, one, timer)
     runs = Counter(result.runs) + Counter(stepped.runs)
     timings = {k: result.timings[k] for k in ("load", "steps", "free run") if k in result.timings}

@@ -194,3 +194,19 @@ def test_a_near_tie_flipped_by_float16_is_no_divergence(tmp_path: Path) -> None:
     assert [(s.ref_token, s.target_token, s.tie) for s in steps.per_step] == [(7, 3, True)] * 4
     assert steps.free_run is not None and steps.parted_at == 0
     assert steps.lines()[1].startswith("greedy token ties at step 0, 1, 2, 3:")
+
+
+@pytest.mark.slow
+def test_a_gpt2_export_with_its_kv_cache_is_stepped_and_its_attention_named(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("transformers")
+    from tests.steps_models import export_gpt2
+
+    path = tmp_path / "gpt2.onnx"
+    attention = export_gpt2(path, layers=2)
+    # 1-token prompt: step k attends over k + 1 positions, 9 at step 8.
+    r = onnx_bisect.bisect(path, target=f"{FAULT}?node={attention}&length=9", steps=12)
+    assert r.steps is not None and r.steps.first_divergent_step == 8
+    assert r.root_cause is not None and r.root_cause.nodes == (attention,)
+    assert r.steps.wiring[0] == "present.0.key -> past_key_values.0.key"

@@ -40,7 +40,7 @@ from onnx_bisect.inputs.steps import (
 from onnx_bisect.options import BisectOptions, ModelLike
 from onnx_bisect.steps_result import StepRecord, StepsSummary
 
-__all__ = ["Stepped", "run_steps"]
+__all__ = ["Stepped", "one_step", "run_steps"]
 
 log = logging.getLogger(__name__)
 Arrays = Mapping[str, npt.NDArray[Any]]
@@ -63,6 +63,22 @@ class _Plan:
     first: Feeds
 
 
+def one_step(options: BisectOptions, feeds: Feeds) -> BisectOptions:
+    """The options of one step's diagnosis: its inputs given, so nothing of the steps' or of
+    generated inputs' options is left (``--shape``, ``--value`` made step 0's inputs)."""
+    return dataclasses.replace(
+        options,
+        steps=None,
+        state=(),
+        chunks=None,
+        free_run=False,
+        inputs=feeds,
+        shapes=None,
+        values=None,
+        ranges=None,
+    )
+
+
 def run_steps(
     model: ModelLike,
     ref: BackendLike,
@@ -73,9 +89,7 @@ def run_steps(
     """``options.steps`` steps, teacher-forced (and free-running with ``free_run``)."""
     assert options.steps is not None
     plan = _plan(model, options)
-    single = dataclasses.replace(
-        options, steps=None, state=(), chunks=None, free_run=False, inputs=plan.first
-    )
+    single = one_step(options, plan.first)
     setup, _ = prepare(model, ref, target, single, timer)
     runs: dict[str, int] = {}
     records: list[StepRecord] = []
