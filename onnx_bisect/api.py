@@ -25,6 +25,7 @@ from onnx_bisect.engine.measure.observe import scan
 from onnx_bisect.engine.passes.bisection import bisect_passes
 from onnx_bisect.engine.progress import NoProgress, Progress
 from onnx_bisect.engine.session import Session, Setup, StageTimer, scratch_dir
+from onnx_bisect.engine.steps.loop import one_step, run_steps
 from onnx_bisect.errors import InputError
 from onnx_bisect.options import DEFAULT_SAMPLE, BisectOptions, ModelLike
 from onnx_bisect.report.files import write_bundle_docs
@@ -96,6 +97,8 @@ def bisect(
     timer = StageTimer(progress=progress or NoProgress())
     if opts.dataset is not None:
         return _bisect_dataset(model, ref, target, opts, timer)
+    if opts.steps is not None:
+        return _bisect_steps(model, ref, target, opts, timer)
     return _bisect_one(model, ref, target, opts, timer)
 
 
@@ -163,6 +166,30 @@ def _bisect_dataset(
     stage_runs = {**{k: v for k, v in screened.items() if v}, **result.stage_runs}
     return dataclasses.replace(
         result, dataset=summary, runs=dict(runs), timings=timings, stage_runs=stage_runs
+    )
+
+
+def _bisect_steps(
+    model: ModelLike, ref: BackendLike, target: BackendLike, opts: BisectOptions, timer: StageTimer
+) -> BisectResult:
+    """Every step screened in lockstep; the first that diverges (else the last) diagnosed in
+    full on its own inputs, so its bundle and inputs.npz hold that step's inputs."""
+    stepped = run_steps(model, ref, target, opts, timer)
+    summary = stepped.summary
+    chosen = summary.first_divergent_step
+    step = chosen if chosen is not None else len(stepped.feeds) - 1
+    one = one_step(opts, stepped.feeds[step])
+    result = _bisect_one(model, ref, target, one, timer)
+    runs = Counter(result.runs) + Counter(stepped.runs)
+    timings = {k: result.timings[k] for k in ("load", "steps", "free run") if k in result.timings}
+    stepping = stepped.runs.get("target", 0)
+    stage_runs = {**({"steps": stepping} if stepping else {}), **result.stage_runs}
+    return dataclasses.replace(
+        result,
+        steps=summary,
+        runs=dict(runs),
+        timings={**timings, **result.timings},
+        stage_runs=stage_runs,
     )
 
 

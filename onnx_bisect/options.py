@@ -106,6 +106,14 @@ class BisectOptions:
     sample: int | None = None
     jobs: int = 1
     ray: str | None = None
+    # Multi-step mode: the model run ``steps`` times in lockstep on both sides, each step fed
+    # the reference's outputs of the step before (``state`` rules ``OUT=IN``, else Hugging
+    # Face names) and its chunk of ``chunks`` (an .npz split along axis 0); ``free_run`` also
+    # lets each side feed itself.
+    steps: int | None = None
+    state: Sequence[str] = ()
+    chunks: str | os.PathLike[str] | None = None
+    free_run: bool = False
 
     def __post_init__(self) -> None:
         # What needs no model fails here, before anything loads; the rest in make_feeds.
@@ -135,6 +143,7 @@ class BisectOptions:
             except ValueError as exc:
                 raise InputError(f"target_precision: {exc}", option="target_precision") from None
         self._check_dataset()
+        self._check_steps()
         self._check_together()
 
     def _check_threshold(self) -> None:
@@ -228,6 +237,34 @@ class BisectOptions:
                 f"dataset: {', '.join(generated)} apply to generated inputs only, and a "
                 "dataset's inputs are given; leave them out",
                 option="dataset",
+            )
+
+    def _check_steps(self) -> None:
+        """The steps' options mean nothing without ``steps``; a dataset is another loop."""
+        _flag("free_run", self.free_run)
+        if self.steps is None:
+            given = [
+                (name, value)
+                for name, value, default in (
+                    ("state", tuple(self.state), ()),
+                    ("chunks", self.chunks, None),
+                    ("free_run", self.free_run, False),
+                )
+                if value != default
+            ]
+            if given:
+                name, value = given[0]
+                raise InputError(f"{name} {value!r} applies only with steps", option=name)
+            return
+        _whole("steps", self.steps, low=1)
+        if isinstance(self.state, str) or not all(isinstance(r, str) for r in self.state):
+            raise InputError(
+                f"state must be a list of 'OUT=IN' rules, got {self.state!r}", option="state"
+            )
+        if self.dataset is not None:
+            raise InputError(
+                "steps: a dataset is a loop of its own; give steps or a dataset, not both",
+                option="steps",
             )
 
     @property

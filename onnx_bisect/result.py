@@ -26,6 +26,7 @@ from onnx_bisect.graph.match import Matching
 from onnx_bisect.graph.view import NodeInfo, NotProbed
 from onnx_bisect.pass_result import PassBisection, PassOutcome, PassScope, target_arg
 from onnx_bisect.quant_result import QuantReport
+from onnx_bisect.steps_result import StepsSummary
 from onnx_bisect.text import fmt, plural
 from onnx_bisect.transforms.registry import TransformRecord
 
@@ -348,6 +349,9 @@ class BisectResult:
     # Dataset mode: every input screened, the sample's per-node statistics; the rest of the
     # result is the diagnosis of the worst input.
     dataset: DatasetSummary | None = None
+    # Multi-step mode: every step screened in lockstep; the rest of the result is the
+    # diagnosis of the first step that diverged (else the last step).
+    steps: StepsSummary | None = None
 
     @property
     def diverged(self) -> bool:
@@ -418,6 +422,7 @@ def _summary_lines(r: BisectResult) -> list[Text]:
         for c in r.task_checks
     ]
     dataset = [Text.assemble(("Dataset", "bold"), f": {line}") for line in _dataset_lines(r)]
+    dataset += _steps_lines(r)
     precision = _precision_lines(r)
     if not r.diverged:
         total = r.timings.get("total", 0.0)
@@ -482,6 +487,11 @@ def _precision_lines(r: BisectResult) -> list[Text]:
 
 def _dataset_lines(r: BisectResult) -> list[str]:
     return r.dataset.lines() if r.dataset is not None else []
+
+
+def _steps_lines(r: BisectResult) -> list[Text]:
+    said = r.steps.lines() if r.steps is not None else []
+    return [Text.assemble(("Steps", "bold"), f": {line}") for line in said]
 
 
 def _finding_lines(r: BisectResult) -> list[Text]:

@@ -67,7 +67,14 @@ FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 RUNNABLE = ("console", "pycon", "python")
 # Variables that would make rich colour or size its output differently from the docs.
 _TERMINAL_ENV = ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS")
-GUIDE_DOCS = ("guide.md", "backends.md", "adapters.md", "exec-protocol.md", "report-format.md")
+GUIDE_DOCS = (
+    "guide.md",
+    "backends.md",
+    "adapters.md",
+    "exec-protocol.md",
+    "report-format.md",
+    "steps.md",
+)
 YOLO = ROOT / "examples" / "models" / "yolo_like.onnx"
 FAULTY_RUNTIME = ROOT / "examples" / "faulty_runtime.py"
 

@@ -30,9 +30,11 @@ from onnx_bisect.cli.params import (
     BundleRefOpt,
     BundleTargetOpt,
     BundleThresholdOpt,
+    ChunksOpt,
     DatasetOpt,
     DebugOpt,
     FormatOpt,
+    FreeRunOpt,
     InputOpt,
     IsolateCrashesOpt,
     JobsOpt,
@@ -52,6 +54,8 @@ from onnx_bisect.cli.params import (
     SampleOpt,
     SeedOpt,
     ShapeOpt,
+    StateOpt,
+    StepsOpt,
     StrategyOpt,
     TargetModelOpt,
     TargetOpt,
@@ -100,6 +104,10 @@ def run_command(
     sample: SampleOpt = None,
     jobs: JobsOpt = DEFAULTS.jobs,
     ray: RayOpt = None,
+    steps: StepsOpt = None,
+    state: StateOpt = None,
+    chunks: ChunksOpt = None,
+    free_run: FreeRunOpt = DEFAULTS.free_run,
     shape: ShapeOpt = None,
     value: ValueOpt = None,
     range_: RangeOpt = None,
@@ -135,7 +143,7 @@ def run_command(
     """Find the first node where TARGET departs from REF, and the node that causes it."""
     configure_logging(verbose=verbose, debug=debug)
     per_input = {"--shape": shape, "--value": value, "--range": range_}
-    given = {"--input": input, "--dataset": dataset}
+    given = {"--input": input, "--dataset": dataset, "--chunks": chunks}
     command = shlex.join(["bisect", *_argv_of(model, ref, target, given, out, per_input)])
     with (
         user_errors(debug),
@@ -176,6 +184,10 @@ def run_command(
                 sample=sample,
                 jobs=jobs,
                 ray=ray,
+                steps=steps,
+                state=tuple(state or ()),
+                chunks=chunks,
+                free_run=free_run,
             ),
             always_scan=always_scan,
             topk=topk or (),

@@ -21,6 +21,10 @@ __all__ = [
     "AllowNonfiniteOpt",
     "AlwaysScanOpt",
     "AtolOpt",
+    "ChunksOpt",
+    "FreeRunOpt",
+    "StateOpt",
+    "StepsOpt",
     "BisectPassesOpt",
     "BundleMetricOpt",
     "BundleRefOpt",
@@ -108,6 +112,10 @@ FLAGS = {
     "sample": "--sample",
     "jobs": "--jobs",
     "ray": "--ray",
+    "steps": "--steps",
+    "state": "--state",
+    "chunks": "--chunks",
+    "free_run": "--free-run",
 }
 
 
@@ -299,6 +307,43 @@ RayOpt = Annotated[
         metavar="ADDRESS|local",
         help="With --dataset: run the per-input work as Ray tasks on the cluster at ADDRESS, "
         "or on one started here with 'local' (needs onnx-bisect\\[ray]).",
+    ),
+]
+StepsOpt = Annotated[
+    int | None,
+    typer.Option(
+        parser=_integer,
+        metavar="N",
+        help="Run the model N times in lockstep, each step fed the reference's state and "
+        "token (present.* -> past_key_values.*, logits -> input_ids, or --state); the first "
+        "step that diverges is diagnosed.",
+        show_default=False,
+    ),
+]
+StateOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        metavar="OUT=IN",
+        help="With --steps: output OUT feeds input IN at the next step; '*' stands for the "
+        "same text on both sides (e.g. 'present.*=past_key_values.*'). Repeatable.",
+        show_default=False,
+    ),
+]
+ChunksOpt = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="FILE.npz",
+        help="With --steps: per-step inputs, each array split along axis 0 (step k gets "
+        "array[k]: audio chunks, say).",
+        show_default=False,
+    ),
+]
+FreeRunOpt = Annotated[
+    bool,
+    typer.Option(
+        "--free-run",
+        metavar="",
+        help="With --steps: also let each side feed itself, and show where the two part.",
     ),
 ]
 ShapeOpt = Annotated[

@@ -20,6 +20,7 @@ from onnx_bisect.report.format import chain_line, first_divergence_phrase, fmt_e
 from onnx_bisect.report.neighbourhood import MAX_NODES, neighbourhood, neighbourhood_svg
 from onnx_bisect.report.plots import PLOTS_HINT, curve_svg
 from onnx_bisect.report.quant import quant_html
+from onnx_bisect.report.steps import steps_html
 from onnx_bisect.result import (
     nonfinite_origin,
     nonfinite_phrase,
@@ -53,6 +54,7 @@ def render_html(result: BisectResult) -> str:
         + "</p>",
         *(quant_html(result.quant) if result.quant is not None else []),
         *_summary(result),
+        *(steps_html(result.steps) if result.steps is not None else []),
         *_curve(result),
         *_graph(result),
         *_table(result),
@@ -107,6 +109,8 @@ def _summary(r: BisectResult) -> list[str]:
     if r.dataset is not None:
         lines = "<br>".join(escape(line) for line in r.dataset.lines())
         facts.append(("Dataset", f"<code>{escape(r.dataset.source)}</code>: {lines}"))
+    if r.steps is not None:
+        facts.append(("Steps", "<br>".join(escape(line) for line in r.steps.lines())))
     fd = r.first_divergence
     if fd is not None:
         acc = fd.accumulated

@@ -23,6 +23,7 @@ from onnx_bisect.report.format import (
 from onnx_bisect.report.mermaid import focus_node, mermaid_lines
 from onnx_bisect.report.passes import pass_markdown, workaround_step
 from onnx_bisect.report.quant import quant_markdown
+from onnx_bisect.report.steps import steps_markdown
 from onnx_bisect.result import (
     nonfinite_origin,
     nonfinite_phrase,
@@ -52,6 +53,7 @@ def render_markdown(result: BisectResult) -> str:
     if diagram:
         lines += ["", "**Root cause, its neighbours and the amplification chain**", "", *diagram]
     lines += _inputs_section(result)
+    lines += steps_markdown(result.steps) if result.steps is not None else []
     lines += next_steps(result)
     if result.pass_bisection is not None:
         lines += pass_markdown(result.pass_bisection)
@@ -247,10 +249,9 @@ def _summary(result: BisectResult) -> list[str]:
 
 
 def _dataset_lines(result: BisectResult) -> list[str]:
-    d = result.dataset
-    if d is None:
-        return []
-    return [f"- **Dataset** {code(d.source)}: {one_line(line)}" for line in d.lines()]
+    d, steps = result.dataset, result.steps
+    out = [] if d is None else [f"- **Dataset** {code(d.source)}: {one_line(x)}" for x in d.lines()]
+    return out + ([] if steps is None else [f"- **Steps:** {one_line(x)}" for x in steps.lines()])
 
 
 def _inputs_section(result: BisectResult) -> list[str]:

@@ -11,6 +11,7 @@ import numpy as np
 from onnx_bisect.compare.criterion import Comparison
 from onnx_bisect.compare.precision import PrecisionInfo
 from onnx_bisect.report.curve import error_curve
+from onnx_bisect.report.steps import steps_dict
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -302,4 +303,6 @@ def to_dict(result: BisectResult) -> dict[str, Any]:
         "notes": list(result.notes),
         # Only in dataset mode: a single input's report keeps its keys as they were.
         **({"dataset": dataset_dict(result.dataset)} if result.dataset is not None else {}),
+        # Only in multi-step mode, likewise.
+        **({"steps": steps_dict(result.steps)} if result.steps is not None else {}),
     }
