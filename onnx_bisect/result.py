@@ -23,6 +23,7 @@ from onnx_bisect.compare.precision import FLOAT32_DEFAULT, PrecisionInfo
 from onnx_bisect.compare.topk import TopKCheck
 from onnx_bisect.dataset_result import DatasetSummary
 from onnx_bisect.graph.match import Matching
+from onnx_bisect.graph.source import SourceInfo
 from onnx_bisect.graph.view import NodeInfo, NotProbed
 from onnx_bisect.pass_result import PassBisection, PassOutcome, PassScope, target_arg
 from onnx_bisect.quant_result import QuantReport
@@ -47,6 +48,8 @@ __all__ = [
     "Verdict",
     "first_divergence_phrase",
     "nonfinite_origin",
+    "shown_source",
+    "source_lines",
     "nonfinite_phrase",
     "target_arg",
 ]
@@ -349,6 +352,9 @@ class BisectResult:
     # Dataset mode: every input screened, the sample's per-node statistics; the rest of the
     # result is the diagnosis of the worst input.
     dataset: DatasetSummary | None = None
+    # Where the first divergence and the root cause come from in the exporter's source (module
+    # path, class, file and line), by node name, where the model's metadata or names say.
+    sources: Mapping[str, SourceInfo] = field(default_factory=dict)
     # Multi-step mode: every step screened in lockstep; the rest of the result is the
     # diagnosis of the first step that diverged (else the last step).
     steps: StepsSummary | None = None
@@ -508,6 +514,8 @@ def _finding_lines(r: BisectResult) -> list[Text]:
         lines = [Text.assemble(label, f": {fd.op_type} ", (fd.name, "cyan"), phrase)]
     else:
         lines = [Text.assemble(label, ": none among the probed tensors")]
+    if fd is not None and (src := shown_source(r, fd.name)) is not None:
+        lines.append(Text(f"  from {src}"))
     origin = nonfinite_origin(r)
     if origin is not None:
         said, where = nonfinite_phrase(origin)
@@ -524,12 +532,30 @@ def _finding_lines(r: BisectResult) -> list[Text]:
             + names
             + Text(rc.reason)
         )
+        lines += [Text(f"  from {line}") for line in source_lines(r, rc.nodes)]
         if rc.message:
             lines.append(Text.assemble(("The target said", "bold"), ":"))
             lines += [Text(f"  {line}" if line.strip() else "") for line in rc.message.splitlines()]
     if r.pass_bisection is not None:
         lines.append(Text.assemble(("Optimizer pass", "bold"), f": {r.pass_bisection.summary()}"))
     return lines
+
+
+def source_lines(r: BisectResult, nodes: tuple[str, ...]) -> list[str]:
+    """Where ``nodes`` come from, a line per module (three at most), for the root cause."""
+    seen: list[str] = []
+    for name in nodes:
+        src = shown_source(r, name)
+        if src is not None and src not in seen:
+            seen.append(src)
+    return seen[:3]
+
+
+def shown_source(r: BisectResult, name: str) -> str | None:
+    """Where node ``name`` comes from, where that says more than its name (report.json has
+    the module path of a scoped name too)."""
+    src = r.sources.get(name)
+    return src.describe() if src is not None and src.beyond_name else None
 
 
 def nonfinite_origin(r: BisectResult) -> NodeResult | None:

@@ -848,6 +848,9 @@ def test_report_format_doc_names_every_field(tmp_path: Path) -> None:
         "message": "",  # the runtime's own words, for failures only
         "workaround": None,  # a precision the runtime chose: its fp32 spec
         "model_message": "",  # the full model's own words, where a prefix said other
+        # A TorchScript-style scoped name gives the module path alone.
+        "source": {"module": "down1.conv", "class": None, "file": None, "line": None,
+                   "code": None},
     }
     documented = set(re.findall(r"^\| `([a-z-]+)` \|", doc, re.M))
     assert {v.value for v in Verdict} <= documented, "a verdict is missing from the table"

@@ -76,6 +76,9 @@ def test_planted_conv_fault_exec_runtime(py: str, tmp_path) -> None:
         "message": "",
         "workaround": None,
         "model_message": "",
+        # The node's scoped name, /down1/conv/Conv, gives its module path.
+        "source": {"module": "down1.conv", "class": None, "file": None, "line": None,
+                   "code": None},
     }
     verdicts = {n["node"]: n["verdict"] for n in report["nodes"]}
     assert verdicts[FAULT_NODE] == "culprit"

@@ -42,6 +42,7 @@ from onnx_bisect.errors import BackendError, InputError
 from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.qdq import is_quantized
 from onnx_bisect.graph.sizes import fix_input_shapes, model_bytes, tensor_nbytes
+from onnx_bisect.graph.source import SourceInfo, node_source
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.inputs.feeds import input_specs, validate_feeds
 from onnx_bisect.inputs.limits import nonfinite_notes
@@ -300,7 +301,10 @@ def to_result(
             if c.insignificant
         ]
         checks = tuple(topk_checks(list(setup.topk), screened.ref_outputs, screened.target_outputs))
+    cause = found.cause if found else None
+    named = ((first.name,) if first else ()) + (cause.nodes if cause else ())
     return BisectResult(
+        sources=node_sources(setup.loaded, named),
         verdict=Outcome.DIVERGED if diagnosis.diverged else Outcome.MATCH,
         model=str(setup.loaded.path or IN_MEMORY),
         ref=setup.ref_info,
@@ -336,6 +340,13 @@ def to_result(
         ref_precision=setup.ref_precision,
         target_precision=setup.target_precision,
     )
+
+
+def node_sources(loaded: LoadedModel, names: Sequence[str]) -> dict[str, SourceInfo]:
+    """Where the named nodes come from in the exporter's source, those the model says."""
+    protos = loaded.node_protos
+    found = {n: node_source(protos[n]) for n in names if n in protos}
+    return {n: s for n, s in found.items() if s is not None}
 
 
 def _backend(b: BackendLike, *, in_child: bool, timeout: float | None) -> Backend:

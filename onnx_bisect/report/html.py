@@ -25,6 +25,8 @@ from onnx_bisect.result import (
     nonfinite_origin,
     nonfinite_phrase,
     precision_phrase,
+    shown_source,
+    source_lines,
     within_precision,
 )
 from onnx_bisect.text import fmt, fmt_amp, plural
@@ -119,6 +121,8 @@ def _summary(r: BisectResult) -> list[str]:
             if acc is not None and acc.diverged
             else first_divergence_phrase(fd)
         )
+        if (src := shown_source(r, fd.name)) is not None:
+            what += f" (from {src})"
         facts.append(("First divergence", f"{_node(fd)}: {escape(what)}"))
     elif r.diverged:
         facts.append(("First divergence", "none among the probed tensors"))
@@ -130,6 +134,7 @@ def _summary(r: BisectResult) -> list[str]:
     if rc is not None:
         names = ", ".join(f"<code>{escape(n)}</code>" for n in rc.nodes)
         text = f"<b>{escape(rc.kind.value)}</b>: {f'{names}. ' if names else ''}{escape(rc.reason)}"
+        text += "".join(f"<br>from {escape(line)}" for line in source_lines(r, rc.nodes))
         if rc.message:
             text += f"<br>The target said:<pre>{escape(rc.message)}</pre>"
         if rc.model_message:

@@ -28,6 +28,8 @@ from onnx_bisect.result import (
     nonfinite_origin,
     nonfinite_phrase,
     precision_phrase,
+    shown_source,
+    source_lines,
     target_arg,
     within_precision,
 )
@@ -225,6 +227,8 @@ def _summary(result: BisectResult) -> list[str]:
         out.append(f"- **First divergence:** {node_label(fd)}: {first_divergence_phrase(fd)}.")
     else:
         out.append("- **First divergence:** none among the probed tensors.")
+    if fd is not None and (src := shown_source(result, fd.name)) is not None:
+        out.append(f"  - from {one_line(src)}")
     origin = nonfinite_origin(result)
     if origin is not None:
         said, where = nonfinite_phrase(origin)
@@ -235,6 +239,7 @@ def _summary(result: BisectResult) -> list[str]:
         names = ", ".join(code(n) for n in rc.nodes)
         reason = one_line(rc.reason)
         out.append(f"- **Root cause ({rc.kind}):** {f'{names}. ' if names else ''}{reason}")
+        out += [f"  - from {one_line(line)}" for line in source_lines(result, rc.nodes)]
         if rc.message:
             out += ["", "The target said:", "", *fenced(rc.message), ""]
         if rc.model_message:

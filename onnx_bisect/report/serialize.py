@@ -234,6 +234,20 @@ def _precision_dict(p: PrecisionInfo) -> dict[str, Any]:
     return {"precision": p.precision.value, "source": p.source, "how": p.how, "asked": p.asked}
 
 
+def _source(result: BisectResult, *names: str) -> dict[str, Any] | None:
+    """A node's origin in the exporter's source (module, class, file, line), or null."""
+    src = next((result.sources[n] for n in names if n in result.sources), None)
+    if src is None:
+        return None
+    return {
+        "module": src.module,
+        "class": src.class_name or None,
+        "file": src.file or None,
+        "line": src.line,
+        "code": src.code or None,
+    }
+
+
 def to_dict(result: BisectResult) -> dict[str, Any]:
     fd = result.first_divergence
     first = None
@@ -247,7 +261,12 @@ def to_dict(result: BisectResult) -> dict[str, Any]:
             "status": acc.status.value if acc else fd.verdict.value,
             "reason": acc.reason if acc else fd.note,
             **({k: _num(v) for k, v in acc.metrics.items()} if acc else {}),
+            "source": _source(result, fd.name),
         }
+    cause = None
+    if result.root_cause is not None:
+        rc = result.root_cause
+        cause = rc.to_dict() | {"source": _source(result, *rc.nodes[:1])}
     return {
         "schema": SCHEMA,
         "verdict": result.verdict,
@@ -256,7 +275,7 @@ def to_dict(result: BisectResult) -> dict[str, Any]:
         "metric": result.criterion.key,
         "strategy": result.strategy,
         "first_divergence": first,
-        "root_cause": result.root_cause.to_dict() if result.root_cause else None,
+        "root_cause": cause,
         "outputs": [_comparison_dict(c) for c in result.outputs],
         "nodes": [node_dict(n) for n in result.nodes],
         "not_probed": [vars(p) for p in result.not_probed],
