@@ -44,6 +44,9 @@ __all__ = [
     "RootCause",
     "SearchInfo",
     "Verdict",
+    "INSIDE",
+    "INSIDE_CAUSE",
+    "INSIDE_FIRST",
     "first_divergence_phrase",
     "nonfinite_origin",
     "nonfinite_phrase",
@@ -486,7 +489,9 @@ def _dataset_lines(r: BisectResult) -> list[str]:
 
 def _finding_lines(r: BisectResult) -> list[Text]:
     """The first divergence and the root cause, with the target's own words where it failed."""
-    label = ("First divergence", "bold")
+    # Under "No divergence" a divergence inside the graph is said as such: it did not reach
+    # the outputs (a Log of 1e-10 at -inf in float16 that the model drops later).
+    label = ("First divergence" if r.diverged else INSIDE_FIRST, "bold")
     fd = r.first_divergence
     if fd is not None and fd.accumulated is not None:
         c = fd.accumulated
@@ -507,10 +512,10 @@ def _finding_lines(r: BisectResult) -> list[Text]:
         )
     rc = r.root_cause
     if rc is not None:
-        below = "" if r.diverged else ", below the output threshold"
+        head, below = ("Root cause", "") if r.diverged else (INSIDE_CAUSE, f"; {INSIDE}")
         names = Text.assemble((", ".join(rc.nodes), "cyan"), " — ") if rc.nodes else Text()
         lines.append(
-            Text.assemble(("Root cause", "bold"), " (", (str(rc.kind), "red"), f"{below}): ")
+            Text.assemble((head, "bold"), " (", (str(rc.kind), "red"), f"{below}): ")
             + names
             + Text(rc.reason)
         )
@@ -520,6 +525,12 @@ def _finding_lines(r: BisectResult) -> list[Text]:
     if r.pass_bisection is not None:
         lines.append(Text.assemble(("Optimizer pass", "bold"), f": {r.pass_bisection.summary()}"))
     return lines
+
+
+# What a diagnosis whose outputs agree calls what it found inside the graph.
+INSIDE = "it does not reach the outputs"
+INSIDE_FIRST = "Divergence inside the graph"
+INSIDE_CAUSE = "At fault inside the graph"
 
 
 def nonfinite_origin(r: BisectResult) -> NodeResult | None:
