@@ -147,7 +147,9 @@ class Verdict(StrEnum):
     whose value differs, never a culprit; ``not-comparable``: a constant whose two values
     cannot be compared (shape () against (0,), folded away by the runtime); ``range``: fed the
     reference's inputs, values its precision holds come back 0, ±Inf or NaN; ``precision``:
-    beyond fp32 noise, within the error the target's lower precision predicts."""
+    beyond fp32 noise, within the error the target's lower precision predicts; ``harmless``:
+    a culprit, range problem or changed constant among several whose target values, put in the
+    reference run, leave the outputs within the criterion (discarded downstream)."""
 
     OK = "ok"
     CULPRIT = "culprit"
@@ -156,6 +158,7 @@ class Verdict(StrEnum):
     REFERENCE_OFF = "reference-off"
     PARAMETER = "parameter"
     NOT_COMPARABLE = "not-comparable"
+    HARMLESS = "harmless"
     PROPAGATED = "propagated"
     PATTERN = "pattern"
     UNSUPPORTED = "unsupported"
