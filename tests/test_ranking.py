@@ -6,16 +6,23 @@ extreme."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_bisect
 from onnx_bisect import Verdict
+from onnx_bisect.backends.protocol import BackendBase, Tensors
+from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.result import CauseKind, Outcome
+from tests.faulty import plant_fault
 from tests.models import IR, OPSET
 
 LOWP = Path(__file__).resolve().parent / "lowp_runtime.py"
@@ -201,3 +208,109 @@ def test_a_float16_models_own_precision_is_declared_as_such() -> None:
     result = onnx_bisect.bisect(model, target="cpu?opt=disable")
     own = "float16 (declared: the model's float tensors are float16)"
     assert f"Precision: the target computes in {own}; the reference in {own}" in result.summary()
+
+
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def masked_t5_like() -> onnx.ModelProto:
+    """OpenVINO on a T5 encoder, in small: a Slice whose end is a Constant INT64_MAX; a Cast
+    of a scaled copy of x that a Where discards (its condition is true everywhere); a Tanh.
+    x -> Slice(0, INT64_MAX) -> Where(x > -1, xs, Cast(x * -1e4)) -> Tanh ``act`` -> y."""
+    end = helper.make_tensor("v", TensorProto.INT64, [1], [INT64_MAX])
+    inits = [
+        numpy_helper.from_array(np.array([0], np.int64), "start"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis"),
+        _init("big", np.array(-1e4)),
+        _init("low", np.array(-1.0)),
+    ]
+    nodes = [
+        helper.make_node("Constant", [], ["end"], name="slice_end", value=end),
+        helper.make_node("Slice", ["x", "start", "end", "axis"], ["xs"], name="slice"),
+        helper.make_node("Mul", ["x", "big"], ["neg"], name="negate"),
+        helper.make_node("Cast", ["neg"], ["negc"], name="cast", to=TensorProto.FLOAT),
+        helper.make_node("Greater", ["x", "low"], ["keep"], name="keep"),
+        helper.make_node("Where", ["keep", "xs", "negc"], ["w"], name="where"),
+        helper.make_node("Tanh", ["w"], ["y"], name="act"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "masked",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        initializer=inits,
+    )
+    return helper.make_model(graph, ir_version=IR, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+class _ClippingBackend(BackendBase):
+    """ONNX Runtime that holds an INT64_MAX Constant as 2^31-1 (OpenVINO's), with a 50%
+    fault in the Cast and a 5% one in the Tanh."""
+
+    def __init__(self) -> None:
+        super().__init__(BackendSpec(text="clipping", name="clipping"))
+        self.inner = create_backend("cpu")
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        held = onnx.ModelProto()
+        held.CopyFrom(model)
+        for node in held.graph.node:
+            if node.op_type == "Constant":
+                value = numpy_helper.to_array(node.attribute[0].t)
+                if value.dtype == np.int64 and INT64_MAX in value:
+                    clipped = np.minimum(value, 2**31 - 1)
+                    node.attribute[0].t.CopyFrom(numpy_helper.from_array(clipped, "v"))
+        held = plant_fault(plant_fault(held, "cast", 0.5), "act", 0.05)
+        return self.inner.run(held, feeds)
+
+
+def test_a_changed_constant_and_a_discarded_cast_are_harmless_not_the_cause() -> None:
+    """The first divergence named was a Constant (INT64_MAX held as 2^31-1: put in the
+    reference run, nothing changes) and a Cast whose values a Where discards (issue 33
+    item 6): both harmless, the Tanh that does change the output is the root cause."""
+    result = onnx_bisect.bisect(masked_t5_like(), target=_ClippingBackend())
+    verdicts = {n.name: n.verdict for n in result.nodes}
+    assert verdicts["slice_end"] is Verdict.HARMLESS
+    assert verdicts["cast"] is Verdict.HARMLESS
+    assert result.first_divergence is not None and result.first_divergence.name == "act"
+    cause = result.root_cause
+    assert cause is not None and (cause.kind, cause.nodes) == (CauseKind.CULPRIT, ("act",))
+    assert cause.reason.endswith(
+        "fed the reference's values there, the target's outputs agree (verified); 2 other "
+        "nodes at fault but harmless: slice_end, cast (with only each wrong, the outputs stay "
+        "within the criterion)"
+    ), cause.reason
+    note = next(n.note for n in result.nodes if n.name == "slice_end")
+    assert note.startswith("harmless: its target values (the target holds a different value")
+
+
+def test_a_bundle_under_a_declared_precision_is_judged_at_that_precision(
+    six: Path, tmp_path: Path
+) -> None:
+    """repro.py judged at the fp32 threshold, so a correct fp16 runtime printed "REPRODUCED"
+    too (issue 33 item 7): under a declared float16 it judges with float16's bound and range
+    test, so the flushing runtime reproduces and a faithful one does not."""
+    import subprocess
+
+    result = onnx_bisect.bisect(
+        six, ref="cpu", target=_lowp("--flush Sigmoid=1.6e-5"), target_precision="float16",
+        repro=tmp_path / "repro",
+    )  # fmt: skip
+    assert result.repro is not None and result.repro.reproduces, result.repro
+    assert result.repro.nodes == ("cls_sigmoid",)
+    script = Path(result.repro.path) / "repro.py"
+    assert '\nPRECISION: str | None = "float16"\n' in script.read_text()
+
+    def run(target: str) -> subprocess.CompletedProcess[str]:
+        args = [sys.executable, str(script), "--target", target]
+        return subprocess.run(args, capture_output=True, text=True, timeout=300)
+
+    flushing = run(_lowp("--flush Sigmoid=1.6e-5"))
+    assert flushing.returncode == 1, flushing.stdout + flushing.stderr
+    assert (
+        "REPRODUCED: the target diverges from the reference on this subgraph (scores: 6.1% of "
+        "the elements are 0 where float16 holds values up to 1.6e-05)"
+    ) in flushing.stdout
+    faithful = run(_lowp())
+    assert faithful.returncode == 0, faithful.stdout + faithful.stderr
+    assert "NOT REPRODUCED: the target matches the expected outputs" in faithful.stdout

@@ -159,13 +159,18 @@ def _verified(
             return replace(base, reason=reason)
     names = [n.name for n in ranked]
     fixed = repaired(session, store, names)
-    if fixed is None or not fixed.agrees:
-        worst = fixed.worst(session.crit) if fixed is not None else None
-        still = f" ({_effect_text(worst)})" if worst is not None else ""
+    if fixed is None:
+        return replace(
+            cause,
+            reason=f"{cause.reason}; NOT verified: the target could not run the model with the "
+            "reference's values fed at the nodes at fault",
+        )
+    if not fixed.agrees:
+        still = _effect_text(fixed.worst(session.crit))
         return replace(
             cause,
             reason=f"{cause.reason}; NOT verified: fed the reference's values at every node at "
-            f"fault, the target's outputs still diverge{still}",
+            f"fault, the target's outputs still diverge ({still})",
         )
     for name in reversed([n.name for n in ranked]):
         fewer = [n for n in names if n != name]

@@ -60,6 +60,8 @@ def repaired(session: Session, store: TensorStore, names: Sequence[str]) -> Effe
     loaded = session.loaded
     rest = [n for n in loaded.nodes if n.name not in set(names)]
     outs = _outputs_of(rest, loaded.outputs)
+    if not outs:  # the repaired nodes compute every output: the reference's, by construction
+        return Effect(tuple(names), {})
     try:
         model, feeds = reference_fed(
             loaded, store, session.feeds, rest,
