@@ -22,6 +22,7 @@ from onnx_bisect.backends.protocol import BackendBase, Tensors
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.result import CauseKind, Outcome
+from onnx_bisect.text import fmt
 from tests.faulty import plant_fault
 from tests.models import IR, OPSET
 
@@ -314,3 +315,76 @@ def test_a_bundle_under_a_declared_precision_is_judged_at_that_precision(
     faithful = run(_lowp())
     assert faithful.returncode == 0, faithful.stdout + faithful.stderr
     assert "NOT REPRODUCED: the target matches the expected outputs" in faithful.stdout
+
+
+def two_branches(seed: int = 0) -> onnx.ModelProto:
+    """Branch A: x -> MatMul ``early`` -> Tanh -> ya. Branch B: x -> MatMul ``upstream`` ->
+    Softmax ``softmax`` -> QuantizeLinear ``q`` -> DequantizeLinear ``dq`` -> MatMul ``head``
+    -> yb: a quantized Softmax whose fused kernel is broken, far from the first divergence."""
+    rng = np.random.default_rng(seed)
+    inits = [
+        _init("wa", rng.standard_normal((16, 16)) / 4),
+        _init("wb", rng.standard_normal((16, 16))),
+        _init("wc", rng.standard_normal((16, 8)) / 4),
+        _init("scale", np.array(1 / 255)),
+        numpy_helper.from_array(np.array(0, np.uint8), "zero"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "wa"], ["a"], name="early"),
+        helper.make_node("Tanh", ["a"], ["ya"], name="early_act"),
+        helper.make_node("MatMul", ["x", "wb"], ["u"], name="upstream"),
+        helper.make_node("Softmax", ["u"], ["sm"], name="softmax", axis=-1),
+        helper.make_node("QuantizeLinear", ["sm", "scale", "zero"], ["smq"], name="q"),
+        helper.make_node("DequantizeLinear", ["smq", "scale", "zero"], ["smd"], name="dq"),
+        helper.make_node("MatMul", ["smd", "wc"], ["yb"], name="head"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "two_branches",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+        [
+            helper.make_tensor_value_info("ya", TensorProto.FLOAT, [4, 16]),
+            helper.make_tensor_value_info("yb", TensorProto.FLOAT, [4, 8]),
+        ],
+        initializer=inits,
+    )
+    return helper.make_model(graph, ir_version=IR, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+class _FusedSoftmaxBackend(BackendBase):
+    """ONNX Runtime whose Softmax is wrong (x1.5) where a QuantizeLinear reads it (a fused
+    quantized Softmax), and, in the whole model only, ``early`` off by 1% and ``upstream`` by
+    1e-6 (a memory planner's doing: no subgraph shows them)."""
+
+    def __init__(self, whole: int) -> None:
+        super().__init__(BackendSpec(text="fused-softmax", name="fused"))
+        self.inner, self.whole = create_backend("cpu"), whole
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        readers = {i: n.op_type for n in model.graph.node for i in n.input}
+        for node in model.graph.node:
+            if node.op_type == "Softmax" and readers.get(node.output[0]) == "QuantizeLinear":
+                model = plant_fault(model, node.name, 0.5)
+        whole = [i.name for i in model.graph.input] == ["x"]  # not isolated, not a window
+        if whole and len(model.graph.node) >= self.whole:
+            model = plant_fault(plant_fault(model, "early", 0.01), "upstream", 1e-6)
+        return self.inner.run(model, feeds)
+
+
+def test_with_no_single_culprit_windows_around_an_extreme_gain_are_tried_first() -> None:
+    """A static-QDQ transformer on tract: root "none" though nodes.csv showed x10,282 at one
+    node; the window around it reproduces (issue 33 item 9)."""
+    model = two_branches()
+    result = onnx_bisect.bisect(model, target=_FusedSoftmaxBackend(len(model.graph.node)))
+    assert result.first_divergence is not None and result.first_divergence.name == "early"
+    softmax = next(n for n in result.nodes if n.name == "softmax")
+    assert softmax.amplification is not None and softmax.amplification >= 1000
+    cause = result.root_cause
+    assert cause is not None
+    assert (cause.kind, cause.nodes) == (CauseKind.PATTERN, ("softmax", "q"))
+    assert cause.reason.startswith(
+        "no node diverges alone, but the window Softmax -> QuantizeLinear (2 nodes) does when "
+        "fed the reference's inputs ("
+    ), cause.reason
+    gain = f"×{fmt(softmax.amplification)}"
+    assert cause.reason.endswith(f"; found around the largest gain ({gain} at softmax)")
