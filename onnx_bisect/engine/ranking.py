@@ -3,8 +3,8 @@
 A lower-precision target often shows one defect in many places (tinygrad's float16 Sigmoid
 flushes in six Sigmoids of YOLOv8n, of which one zeroes the output), or a kernel error beside
 a changed constant nobody reads where it counts. The earliest in graph order is then the wrong
-answer. Where several suspects compete (culprits, range problems, changed constants), each is
-measured at the outputs:
+answer. Where 2 to ``MAX_SUSPECTS`` suspects compete (culprits, range problems, changed
+constants), each is measured at the outputs:
 
 1. with only it wrong (``injected``: its target values put in the reference run): a suspect
    whose error leaves the outputs within the criterion is ``harmless`` (a Where that discards
@@ -32,8 +32,10 @@ from onnx_bisect.text import plural
 
 __all__ = ["MAX_SUSPECTS", "settle"]
 
-# At most this many suspects are measured (two runs of the whole model each at most).
+# Suspects are measured where there are 2 to MAX_SUSPECTS of them; the MAX_ALONE first are
+# each repaired alone (one target run of the whole model each), then all together.
 MAX_SUSPECTS = 8
+MAX_ALONE = 3
 
 _SUSPECTS = (Verdict.CULPRIT, Verdict.RANGE, Verdict.PARAMETER)
 _STARTS = (Verdict.CULPRIT, Verdict.RANGE)
@@ -51,9 +53,10 @@ def settle(
     """The verdicts, first divergence and root cause once competing suspects are measured;
     unchanged where there is no competition (one culprit: no extra run)."""
     suspects = sorted((n for n in nodes if n.verdict in _SUSPECTS), key=_static_rank)
-    suspects = suspects[:MAX_SUSPECTS]
     changed = any(n.verdict is Verdict.PARAMETER for n in suspects)
-    if len(suspects) < 2 and not changed:
+    if len(suspects) < 2 and not changed or len(suspects) > MAX_SUSPECTS:
+        # Many at once is a precision or a criterion, not bugs to tell apart (every Conv at
+        # atol 0): the static rank (an Inf, then a range problem, first) stands.
         return list(nodes), first, cause
     with session.timer.stage("settle"):
         values = target_alone(session, store, [session.loaded.nodes[n.index] for n in suspects])
@@ -148,7 +151,7 @@ def _verified(
 ) -> RootCause:
     """The first ranked suspect whose repair alone brings the outputs back, else the smallest
     set found that does; the others named with their measured effect."""
-    for node in ranked:
+    for node in ranked[:MAX_ALONE]:
         fixed = repaired(session, store, [node.name])
         if fixed is not None and fixed.agrees:
             base = culprit_cause(node)
