@@ -7,7 +7,8 @@
 
 It runs MODEL on INPUTS (.npz keyed by input name) with ONNX Runtime and writes OUTPUTS (.npz
 keyed by output name), exactly as the exec: protocol asks (docs/exec-protocol.md). With
-``--fault NODE=F`` every output of node NODE is multiplied by (1 + F) wherever NODE appears,
+``--fault NODE=F`` every output of node NODE is multiplied by (1 + F) wherever NODE appears
+(in the output's own type: float16, float64 and integer outputs too),
 which is what a wrong kernel looks like from outside. With ``--reject OP`` it refuses models
 containing that op type, like a runtime that lacks a kernel. Bugs that hide from a per-node
 check are simulated too:
@@ -48,6 +49,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -59,38 +61,109 @@ def plant_fault(model: onnx.ModelProto, node_name: str, factor: float) -> onnx.M
     """A copy of ``model`` whose node ``node_name`` outputs (1 + factor) × the right value,
     wherever it is: in the main graph or inside an If branch or a Loop/Scan body, and in every
     iteration of a Loop onnx-bisect unrolled (``{loop}/iteration_{i}/{node_name}``), as a
-    kernel bug would."""
+    kernel bug would. Every output of the node is scaled in its own type: float16 and float64
+    by a scale of that type, integers through float64 and rounded away from zero (so that a
+    small integer moves too), booleans left alone; each fault node has a name of its own."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    _plant(out.graph, node_name, factor)
+    types: dict[str, int] = {}  # inferred once the node is found: models without it cost nothing
+
+    def elem_type(tensor: str) -> int:
+        if not types:
+            types.update(_elem_types(model) or {"": 0})
+        return types.get(tensor, onnx.TensorProto.FLOAT)
+
+    _plant(out.graph, node_name, factor, elem_type)
     return out
 
 
-def _plant(graph: onnx.GraphProto, node_name: str, factor: float) -> None:
+def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Every typed tensor's element type, subgraphs included, after type inference (an
+    untyped one is treated as float32)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 -- a model inference cannot read keeps float32 faults
+        inferred = model
+    types: dict[str, int] = {}
+
+    def walk(graph: onnx.GraphProto) -> None:
+        for v in [*graph.input, *graph.output, *graph.value_info]:
+            if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
+                types[v.name] = v.type.tensor_type.elem_type
+        types.update({t.name: t.data_type for t in graph.initializer})
+        for node in graph.node:
+            for attr in node.attribute:
+                for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else []:
+                    walk(sub)
+                for sub in attr.graphs:
+                    walk(sub)
+
+    walk(inferred.graph)
+    return types
+
+
+def _plant(
+    graph: onnx.GraphProto, node_name: str, factor: float, elem_type: Callable[[str], int]
+) -> None:
     nodes = []
     for node in graph.node:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                _plant(attr.g, node_name, factor)
+                _plant(attr.g, node_name, factor, elem_type)
             for sub in attr.graphs:
-                _plant(sub, node_name, factor)
+                _plant(sub, node_name, factor, elem_type)
         nodes.append(node)
         if not _is(node.name, node_name):
             continue
         for i, name in enumerate(node.output):
             if not name:
                 continue
+            elem = elem_type(name)
+            if elem == onnx.TensorProto.BOOL:
+                continue  # a scale means nothing to a boolean
             raw = f"{name}__unfaulted"
             node.output[i] = raw
-            scale = f"{name}__fault_scale"
+            fault = f"{node.name}__fault" + (f"_{i}" if len(node.output) > 1 else "")
             # Right after the node: a body graph must stay in topological order.
-            nodes.append(helper.make_node("Constant", [], [scale], value=_scalar(factor)))
-            nodes.append(helper.make_node("Mul", [raw, scale], [name], name=f"{node.name}__fault"))
+            nodes += _scaled(raw, name, fault, factor, elem)
     copies = [onnx.NodeProto() for _ in nodes]
     for copy, node in zip(copies, nodes, strict=True):
         copy.CopyFrom(node)
     del graph.node[:]
     graph.node.extend(copies)
+
+
+_SAME_TYPE = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
+
+
+def _scaled(raw: str, name: str, fault: str, factor: float, elem: int) -> list[onnx.NodeProto]:
+    """Nodes computing ``name`` = ``raw`` × (1 + factor) in ``raw``'s own type ``elem``."""
+    scale = f"{name}__fault_scale"
+    if elem in _SAME_TYPE:
+        value = helper.make_tensor("v", elem, [], [1.0 + factor])
+        return [
+            helper.make_node("Constant", [], [scale], value=value),
+            helper.make_node("Mul", [raw, scale], [name], name=fault),
+        ]
+    wide = f"{name}__fault_f64"
+    value = helper.make_tensor("v", onnx.TensorProto.DOUBLE, [], [1.0 + factor])
+    nodes = [
+        helper.make_node("Cast", [raw], [wide], to=onnx.TensorProto.DOUBLE),
+        helper.make_node("Constant", [], [scale], value=value),
+        helper.make_node("Mul", [wide, scale], [f"{name}__fault_mul"], name=fault),
+    ]
+    scaled = f"{name}__fault_mul"
+    if elem != onnx.TensorProto.BFLOAT16:  # an integer: rounded away from zero
+        nodes += [
+            helper.make_node("Abs", [scaled], [f"{name}__fault_abs"]),
+            helper.make_node("Ceil", [f"{name}__fault_abs"], [f"{name}__fault_ceil"]),
+            helper.make_node("Sign", [scaled], [f"{name}__fault_sign"]),
+            helper.make_node(
+                "Mul", [f"{name}__fault_sign", f"{name}__fault_ceil"], [f"{name}__fault_int"]
+            ),
+        ]
+        scaled = f"{name}__fault_int"
+    return [*nodes, helper.make_node("Cast", [scaled], [name], to=elem)]
 
 
 def plant_input_fault(
@@ -175,10 +248,6 @@ def _hold_device(path: str) -> bool:
     return True
 
 
-def _scalar(factor: float) -> onnx.TensorProto:
-    return helper.make_tensor("v", onnx.TensorProto.FLOAT, [], [1.0 + factor])
-
-
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model")
@@ -259,7 +328,6 @@ def main(argv: list[str]) -> int:
         name, _, frac = fault.rpartition("=")
         if name in present and not output_observed(model, name):
             model = plant_fault(model, name, float(frac))
-    # Mul of a float16/float64 tensor by a float scale would not type-check; keep to float32.
     options = ort.SessionOptions()  # external data is read from the model's directory
     folder = os.path.dirname(os.path.abspath(args.model))
     options.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)

@@ -46,6 +46,9 @@ __all__ = [
     "RootCause",
     "SearchInfo",
     "Verdict",
+    "INSIDE",
+    "INSIDE_CAUSE",
+    "INSIDE_FIRST",
     "first_divergence_phrase",
     "nonfinite_origin",
     "shown_source",
@@ -148,7 +151,9 @@ class Verdict(StrEnum):
     whose value differs, never a culprit; ``not-comparable``: a constant whose two values
     cannot be compared (shape () against (0,), folded away by the runtime); ``range``: fed the
     reference's inputs, values its precision holds come back 0, ±Inf or NaN; ``precision``:
-    beyond fp32 noise, within the error the target's lower precision predicts."""
+    beyond fp32 noise, within the error the target's lower precision predicts; ``harmless``:
+    a culprit, range problem or changed constant among several whose target values, put in the
+    reference run, leave the outputs within the criterion (discarded downstream)."""
 
     OK = "ok"
     CULPRIT = "culprit"
@@ -157,6 +162,7 @@ class Verdict(StrEnum):
     REFERENCE_OFF = "reference-off"
     PARAMETER = "parameter"
     NOT_COMPARABLE = "not-comparable"
+    HARMLESS = "harmless"
     PROPAGATED = "propagated"
     PATTERN = "pattern"
     UNSUPPORTED = "unsupported"
@@ -502,7 +508,9 @@ def _steps_lines(r: BisectResult) -> list[Text]:
 
 def _finding_lines(r: BisectResult) -> list[Text]:
     """The first divergence and the root cause, with the target's own words where it failed."""
-    label = ("First divergence", "bold")
+    # Under "No divergence" a divergence inside the graph is said as such: it did not reach
+    # the outputs (a Log of 1e-10 at -inf in float16 that the model drops later).
+    label = ("First divergence" if r.diverged else INSIDE_FIRST, "bold")
     fd = r.first_divergence
     if fd is not None and fd.accumulated is not None:
         c = fd.accumulated
@@ -525,10 +533,10 @@ def _finding_lines(r: BisectResult) -> list[Text]:
         )
     rc = r.root_cause
     if rc is not None:
-        below = "" if r.diverged else ", below the output threshold"
+        head, below = ("Root cause", "") if r.diverged else (INSIDE_CAUSE, f"; {INSIDE}")
         names = Text.assemble((", ".join(rc.nodes), "cyan"), " — ") if rc.nodes else Text()
         lines.append(
-            Text.assemble(("Root cause", "bold"), " (", (str(rc.kind), "red"), f"{below}): ")
+            Text.assemble((head, "bold"), " (", (str(rc.kind), "red"), f"{below}): ")
             + names
             + Text(rc.reason)
         )
@@ -556,6 +564,12 @@ def shown_source(r: BisectResult, name: str) -> str | None:
     the module path of a scoped name too)."""
     src = r.sources.get(name)
     return src.describe() if src is not None and src.beyond_name else None
+
+
+# What a diagnosis whose outputs agree calls what it found inside the graph.
+INSIDE = "it does not reach the outputs"
+INSIDE_FIRST = "Divergence inside the graph"
+INSIDE_CAUSE = "At fault inside the graph"
 
 
 def nonfinite_origin(r: BisectResult) -> NodeResult | None:

@@ -13,7 +13,8 @@ not circular. Faults a real lower-precision runtime has:
   0.14's half-precision Sigmoid returns 0 below about -11.1, where exp2 overflows float16).
   OP may also be one node's name, to plant the fault in that node alone.
 - ``--accumulate NODE``: MatMul NODE accumulates its products in the precision itself, not in
-  float32, one product at a time (a kernel without a float32 accumulator).
+  float32, one product at a time (a kernel without a float32 accumulator); a
+  GlobalAveragePool NODE sums in float16, so that a sum beyond 65504 is Inf (tract's).
 - ``--nudge NODE=STEPS``: NODE's largest value moves STEPS units in the last place of the
   precision, as a kernel whose rounding landed elsewhere (two steps: ONNX Runtime's float16
   on PP-OCRv4 det's squeeze-excite Relu) or a wrong one (many steps) returns.
@@ -70,6 +71,18 @@ def accumulate_low(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], precision: 
     return acc.astype(np.float32)
 
 
+def pool_low(x: np.ndarray[Any, Any]) -> Any:
+    """GlobalAveragePool whose sum is a float16 running sum (tract's float16 pool): beyond
+    65504 it is Inf, whatever the mean."""
+    flat = x.reshape(*x.shape[:2], -1)
+    acc = np.zeros(x.shape[:2], np.float16)
+    with np.errstate(over="ignore"):
+        for k in range(flat.shape[-1]):
+            acc = (acc.astype(np.float32) + flat[..., k]).astype(np.float16)
+    mean = acc.astype(np.float32) / np.float32(flat.shape[-1])
+    return mean.reshape(*x.shape[:2], *([1] * (x.ndim - 2)))
+
+
 def nudged(value: np.ndarray[Any, Any], steps: float, precision: str) -> np.ndarray[Any, Any]:
     """``value`` with its largest magnitude moved ``steps`` units in the last place."""
     out = value.copy().reshape(-1)
@@ -101,6 +114,8 @@ def main(argv: list[str]) -> int:
     for node in model.graph.node:
         if node.name == args.accumulate and node.op_type == "MatMul":
             results = [accumulate_low(env[node.input[0]], env[node.input[1]], p)]
+        elif node.name == args.accumulate and node.op_type == "GlobalAveragePool":
+            results = [pool_low(env[node.input[0]])]
         else:
             results = run_node(node, env, list(model.opset_import))
         for name, value in zip(node.output, results, strict=False):

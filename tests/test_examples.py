@@ -143,3 +143,83 @@ def test_faulty_runtime_plants_exactly_the_requested_error(tmp_path: Path) -> No
         bad = z["output0"]
     assert bad.shape == good.shape
     assert not np.allclose(bad, good, rtol=1e-3)
+
+
+def _typed_outputs_model() -> onnx.ModelProto:
+    """x -> Split (two outputs) -> TopK (float values, int64 indices); a float16 branch
+    (Cast -> Mul) and an int32 one (Cast -> Add): one node of each kind a plant must reach."""
+    from onnx import TensorProto, helper
+
+    from tests.models import make
+
+    f32, f16 = TensorProto.FLOAT, TensorProto.FLOAT16
+    i32, i64 = TensorProto.INT32, TensorProto.INT64
+    k = numpy_helper.from_array(np.array([3], np.int64), "k")
+    half = numpy_helper.from_array(np.array(2.0, np.float16), "half")
+    seven = numpy_helper.from_array(np.array(7, np.int32), "seven")
+    nodes = [
+        helper.make_node("Split", ["x"], ["a", "b"], name="split", axis=1, num_outputs=2),
+        helper.make_node("TopK", ["a", "k"], ["vals", "idx"], name="topk", axis=1),
+        helper.make_node("Cast", ["b"], ["b16"], name="to16", to=f16),
+        helper.make_node("Mul", ["b16", "half"], ["h"], name="mul16"),
+        helper.make_node("Cast", ["b"], ["bi"], name="toint", to=i32),
+        helper.make_node("Add", ["bi", "seven"], ["n"], name="addint"),
+    ]
+    outs = [("vals", f32, [2, 3]), ("idx", i64, [2, 3]), ("h", f16, [2, 4]), ("n", i32, [2, 4])]
+    return make(
+        nodes,
+        [helper.make_tensor_value_info("x", f32, [2, 8])],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in outs],
+        [k, half, seven],
+    )
+
+
+def _faulty_run(tmp_path: Path, model: onnx.ModelProto, x: npt.NDArray[Any], fault: str) -> Any:
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "in.npz", x=x)
+    proc = subprocess.run(
+        [sys.executable, str(FAULTY_RUNTIME), str(tmp_path / "m.onnx"), str(tmp_path / "in.npz"),
+         str(tmp_path / "out.npz"), "--fault", fault],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    with np.load(tmp_path / "out.npz") as z:
+        return {name: z[name] for name in z.files}
+
+
+def test_faulty_runtime_plants_on_multi_output_integer_and_float16_nodes(tmp_path: Path) -> None:
+    """Each output of a planted node is scaled in its own type (issue 33): before, every fault
+    Mul of a multi-output node had one name and int32/float16 outputs were multiplied by a
+    float32 scale, which ONNX Runtime refused, so such plants read as crashes."""
+    model = _typed_outputs_model()
+    x = np.array([[1, 5, 3, 2, 10, 20, 30, 40], [4, 2, 8, 6, 1, 2, 3, 4]], np.float32)
+    good = dict(zip(["vals", "idx", "h", "n"], ort.InferenceSession(
+        model.SerializeToString()).run(None, {"x": x}), strict=True))  # fmt: skip
+    split = _faulty_run(tmp_path, model, x, "split=0.5")
+    np.testing.assert_allclose(split["vals"], good["vals"] * 1.5)  # both of Split's outputs
+    np.testing.assert_allclose(split["h"], (x[:, 4:] * 1.5 * 2).astype(np.float16))
+    topk = _faulty_run(tmp_path, model, x, "topk=0.5")
+    np.testing.assert_allclose(topk["vals"], good["vals"] * 1.5)
+    # int64 indices: x 1.5, rounded away from zero (index 0 stays 0, 1 becomes 2)
+    assert topk["idx"].dtype == np.int64
+    np.testing.assert_array_equal(topk["idx"], np.ceil(good["idx"] * 1.5).astype(np.int64))
+    half = _faulty_run(tmp_path, model, x, "mul16=0.5")
+    assert half["h"].dtype == np.float16
+    np.testing.assert_array_equal(half["h"], good["h"] * np.float16(1.5))
+    ints = _faulty_run(tmp_path, model, x, "addint=0.05")
+    assert ints["n"].dtype == np.int32
+    np.testing.assert_array_equal(ints["n"], good["n"] + np.ceil(good["n"] * 0.05).astype(np.int32))
+
+
+def test_faulty_runtime_plant_on_integer_output_is_named_a_culprit_not_a_crash() -> None:
+    import onnx_bisect
+
+    spec = f"exec:{sys.executable} {FAULTY_RUNTIME} {{model}} {{inputs}} {{outputs}}"
+    spec += " --fault topk=0.5"
+    result = onnx_bisect.bisect(_typed_outputs_model(), target=spec)
+    assert result.root_cause is not None
+    assert (result.root_cause.kind.value, result.root_cause.nodes) == ("culprit", ("topk",))
+    assert result.root_cause.reason == (
+        "TopK 'topk' diverges on its own when fed the reference's inputs "
+        "(4 of 6 elements differ (exact comparison))"
+    )

@@ -610,3 +610,24 @@ def test_a_changed_constant_is_not_blamed_on_a_kernel_by_the_pass_bisection(
     assert rc is not None and rc.kind == CauseKind.PARAMETER and rc.nodes == ("const_v",)
     assert pb is not None and "the changed constant (const_v)" in pb.reason, pb
     assert "a kernel, not" not in pb.reason
+
+
+def test_a_precision_floor_is_capped_so_that_a_wrong_tensor_cannot_pass() -> None:
+    """An fp16 floor of 1.03 on a probability vector said "float16 predicts <= 4.1", a bound
+    any value passes (issue 33): floors are capped at FLOOR_CAP (bound 4 x 0.125 + 1e-5)."""
+    from onnx_bisect.compare.criterion import FLOOR_CAP, Criterion
+    from onnx_bisect.compare.precision import PrecisionFloors
+    from onnx_bisect.compare.tensors import compare_tensors
+
+    probs = np.array([0.7, 0.2, 0.05, 0.05], np.float32)
+    wrong = np.array([0.05, 0.05, 0.2, 0.7], np.float32)  # rel_l2 1.35: another answer
+    floors = PrecisionFloors(Precision.FLOAT16, accumulated={"p": 1.03})
+    crit = Criterion(floors=floors)
+    assert FLOOR_CAP == 0.125
+    assert crit.precision_limit("p") == (4 * 0.125 + 1e-5, 0.125)
+    judged = compare_tensors("p", probs, wrong, crit)
+    assert judged.diverged and not judged.within_precision
+    assert judged.precision_floor == 0.125
+    # An error the capped bound still holds (rel_l2 0.1) is within precision.
+    near = (probs * np.float32(1.1)).astype(np.float32)
+    assert compare_tensors("p", probs, near, crit).within_precision

@@ -255,6 +255,7 @@ TEMPLATE_PLACEHOLDERS = (
     *(f'"__{name}__"' for name in ("REF", "TARGET", "METRIC", "THRESHOLD", "ATOL", "RTOL")),
     '"__WORKDIR__"',
     '"__SYMPTOM__"',
+    '"__PRECISION__"',
 )
 
 

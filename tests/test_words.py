@@ -311,3 +311,36 @@ def test_at_80_columns_node_names_wrap_at_separators_only(tmp_path: Path) -> Non
     for cell in cells:
         assert all(line[-1] in SEPARATORS for line in cell[:-1]), cell
     assert cells[0] == ["/model/encoder/layers.1/", "self_attention/", "output_projection/MatMul"]
+
+
+def dropped_log() -> onnx.ModelProto:
+    """x -> Mul 1e-10 -> Log -> Max(-5) -> + x: in float16 the Log gives -inf, which the Max
+    drops, so the outputs agree while a node inside diverges (issue 33)."""
+    tiny = numpy_helper.from_array(np.array(1e-10, np.float32), "tiny")
+    floor = numpy_helper.from_array(np.array(-5.0, np.float32), "floor")
+    nodes = [
+        helper.make_node("Mul", ["x", "tiny"], ["small"], name="scale"),
+        helper.make_node("Log", ["small"], ["l"], name="log"),
+        helper.make_node("Max", ["l", "floor"], ["m"], name="drop"),
+        helper.make_node("Add", ["m", "x"], ["y"], name="add"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
+    return make(nodes, [x], [y], [tiny, floor])
+
+
+def test_no_divergence_never_sits_above_a_first_divergence_line() -> None:
+    """ "No divergence" above "First divergence" and "Root cause" contradicted itself: what
+    diverges inside a graph whose outputs agree is said to be inside."""
+    result = onnx_bisect.bisect(dropped_log(), target="cpu+fp16", always_scan=True)
+    text = result.summary()
+    assert text.startswith("No divergence: "), text
+    assert "First divergence" not in text and "Root cause" not in text, text
+    lines = text.splitlines()
+    inside = next(line for line in lines if line.startswith("Divergence inside the graph: "))
+    assert inside.startswith("Divergence inside the graph: Mul scale (#1) tensor small: "), inside
+    cause = next(line for line in lines if line.startswith("At fault inside the graph ("))
+    assert "; it does not reach the outputs): " in cause, cause
+    page = render_html(result)
+    assert "<dt>Divergence inside the graph (it does not reach the outputs)</dt>" in page
+    assert "<dt>First divergence</dt>" not in page and "<dt>Root cause</dt>" not in page

@@ -15,7 +15,7 @@ from onnx_bisect.compare.precision import PrecisionFloors
 from onnx_bisect.compare.quant import QParams
 from onnx_bisect.text import fmt
 
-__all__ = ["Comparison", "Criterion", "NOISE_EPS", "NOISE_K", "Status"]
+__all__ = ["FLOOR_CAP", "Comparison", "Criterion", "NOISE_EPS", "NOISE_K", "Status"]
 
 Array = npt.NDArray[np.generic]
 
@@ -28,6 +28,13 @@ NOISE_K = 4.0
 
 
 NOISE_EPS = 1e-5
+
+
+# The largest precision floor (rel_l2) a tensor is judged against: with k = 4 an error up to
+# half the tensor's norm is still rounding, beyond it the tensor is lost, whatever the twin
+# measured. A floor of 1 or more (a faithful twin whose probabilities came out all different)
+# would pass any value at all.
+FLOOR_CAP = 0.125
 
 
 @dataclass(frozen=True)
@@ -110,7 +117,14 @@ class Criterion:
         if self.floors is None:
             return None
         floor = self.floors.floor(tensor, isolating=self.isolating)
-        return None if floor is None else (self.k * floor + self.eps, floor)
+        return None if floor is None else self.precision_bound(floor)
+
+    def precision_bound(self, floor: float) -> tuple[float, float]:
+        """k × floor + eps and the floor, the floor capped at ``FLOOR_CAP``: a precision that
+        predicts an error of the tensor's own size predicts nothing a wrong value would not
+        pass (an fp16 floor of 1.03 on a probability vector allowed 4.1)."""
+        floor = min(floor, FLOOR_CAP)
+        return self.k * floor + self.eps, floor
 
     def for_isolation(self) -> Criterion:
         """The criterion for nodes fed the reference's values: isolated precision floors."""

@@ -153,7 +153,7 @@ def _precision(
         # (computed only here, where it can change the verdict: it costs a pass).
         few = sampling_floor(ref, crit.floors.precision)
         if few > bound[1]:
-            bound = (crit.k * few + crit.eps, few)
+            bound = crit.precision_bound(few)
     floor = bound[1] if bound else None
     if problem:
         status = Status.NONFINITE if status is Status.NONFINITE else Status.DIVERGED

@@ -127,12 +127,20 @@ def prepare(
         versions=environment(ref_b, tgt_b),
         target_from_spec=isinstance(target, str | BackendSpec),
         notes=(*loaded.notes, *nonfinite_notes(feeds), *(r.summary() for r in records)),
-        ref_precision=side_precision(ref_b, transforms=[r for r in records if r.role == "ref"]),
+        # A float16 model computes in float16 on both sides unless something says otherwise
+        # ("float32 (default: the model's own types)" was wrong words for it).
+        ref_precision=side_precision(
+            ref_b,
+            transforms=[r for r in records if r.role == "ref"],
+            model=loaded,
+            whose="the model's",
+        ),
         target_precision=side_precision(
             tgt_b,
             flag=options.target_precision,
             transforms=[r for r in records if r.role == "target"],
-            model=other if options.target_model is not None else None,
+            model=other if options.target_model is not None else loaded,
+            whose="the target model's" if options.target_model is not None else "the model's",
         ),
     )
     return setup, feeds

@@ -150,7 +150,7 @@ _ONE_ROUNDING = 2.0**-24
 
 # Verdicts that are not where a computation parts ways: a changed constant is reported as a
 # parameter, and an incomparable one is not a divergence at all.
-_NOT_COMPUTED = (Verdict.PARAMETER, Verdict.NOT_COMPARABLE)
+_NOT_COMPUTED = (Verdict.PARAMETER, Verdict.NOT_COMPARABLE, Verdict.HARMLESS)
 
 
 def first_divergence(nodes: Sequence[NodeResult]) -> NodeResult | None:
@@ -185,12 +185,13 @@ def root_cause(
     first: NodeResult | None,
     own_constants: Collection[str] = (),
 ) -> RootCause | None:
-    """The earliest culprit (or node where the reference is off); else a changed parameter;
+    """The earliest range problem (Inf or NaN first), else the earliest culprit (or node where
+    the reference is off); else a changed parameter;
     when nothing is wrong on its own, say so plainly.
 
     ``own_constants``: the constant tensors isolation fed from the target's own model (two
     models): a culprit computed from a changed one is a changed parameter, not a kernel."""
-    culprit = next((n for n in nodes if n.verdict in _STARTS), None)
+    culprit = min((n for n in nodes if n.verdict in _STARTS), key=_start_rank, default=None)
     changed = [n for n in nodes if n.verdict is Verdict.PARAMETER]
     if culprit is not None and culprit.isolated is not None:
         read = _changed_ancestors(nodes, culprit, set(own_constants))
@@ -222,6 +223,16 @@ def root_cause(
         "no single node diverges when fed the reference's inputs: the error comes from a "
         "pattern of nodes or from accumulated rounding" + extra,
     )
+
+
+def _start_rank(node: NodeResult) -> tuple[int, int]:
+    """An Inf or NaN, then any range problem (flush, overflow), before a finite deviation
+    (issue 33: a float16 Conv's accumulation error named before the GlobalAveragePool whose
+    sum overflows to Inf); graph order among equals."""
+    if node.verdict is Verdict.RANGE:
+        iso = node.isolated
+        return (0 if iso is not None and (iso.target_inf or iso.target_nan) else 1, node.index)
+    return (2, node.index)
 
 
 def _changed_ancestors(

@@ -96,6 +96,7 @@ def side_precision(
     flag: str | None = None,
     transforms: Sequence[TransformRecord] = (),
     model: LoadedModel | None = None,
+    whose: str = "the target model's",
 ) -> PrecisionInfo:
     """What one side computes float32 work in, from the most explicit word first: the user's
     ``--target-precision``, a transform that lowers the model, a model file whose float
@@ -109,7 +110,7 @@ def side_precision(
     if model is not None:
         found = _model_precision(model.model)
         if found is not None:
-            how = f"the target model's float tensors are {found.value}"
+            how = f"{whose} float tensors are {found.value}"
             return PrecisionInfo(found, "declared", how, True)
     return computes_in(backend) or FLOAT32_DEFAULT
 

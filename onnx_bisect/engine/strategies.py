@@ -32,15 +32,22 @@ from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.quant.conclude import conclude
 from onnx_bisect.engine.quant.prelude import prelude
+from onnx_bisect.engine.ranking import settle
 from onnx_bisect.engine.search.cut import CutRefused, CutResult, cut_search, search_info
 from onnx_bisect.engine.search.failure import failure_search
-from onnx_bisect.engine.search.pattern import find_pattern
+from onnx_bisect.engine.search.pattern import (
+    EXTREME_WINDOW,
+    MAX_WINDOW,
+    extreme_gains,
+    find_pattern,
+)
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.extract import incomplete_outputs, with_outputs
 from onnx_bisect.graph.sizes import fix_input_shapes, tensor_nbytes
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.result import CauseKind, NodeResult, RootCause, SearchInfo, Verdict
+from onnx_bisect.text import fmt_amp
 
 __all__ = ["STRATEGIES", "Strategy", "choose"]
 
@@ -74,6 +81,8 @@ def scan_strategy(session: Session, screened: Observed) -> Found:
     nodes = judge(session.loaded, scanned.comparisons, isolated, session.crit)
     first = first_divergence(nodes)
     cause = root_cause(nodes, first)
+    if screened.diverged:  # several suspects: the one whose repair brings the outputs back
+        nodes, first, cause = settle(session, store, nodes, first, cause)
     if first is not None and cause is not None and cause.kind is CauseKind.NONE:
         nodes, first, cause, _ = _with_pattern(session, store, nodes, first, cause, None)
     if observer and screened.diverged and session.options.strategy == "auto":
@@ -280,13 +289,27 @@ def _with_pattern(
     fallback: RootCause | None,
     search: SearchInfo | None,
 ) -> tuple[list[NodeResult], NodeResult, RootCause | None, SearchInfo | None]:
-    """The smallest window around the first divergence that reproduces it, when one does."""
+    """The smallest window that reproduces the divergence: around the largest gains of x1000
+    and more first (windows of up to six nodes), then around the first divergence."""
+    loaded, tried = session.loaded, 0
+    seeds = [*extreme_gains(nodes, skip=first.name), first]
     with session.timer.stage("pattern"):
-        pattern = find_pattern(session, store, session.loaded.nodes[first.index])
+        for seed in seeds:
+            size = MAX_WINDOW if seed is first else EXTREME_WINDOW
+            pattern = find_pattern(session, store, loaded.nodes[seed.index], max_size=size)
+            tried += pattern.tried if pattern is not None else 0
+            if pattern is not None:
+                break
     if pattern is None:
         return list(nodes), first, fallback, search
     worst = max(pattern.comparisons.values(), key=session.crit.badness)
-    marked, first, cause = mark_pattern(nodes, first, pattern.nodes, worst)
+    marked, at, cause = mark_pattern(nodes, seed, pattern.nodes, worst)
+    if seed is first:
+        first = at
+    else:  # the first divergence stays where it is; the window is where the gain is
+        first = next(n for n in marked if n.name == first.name)
+        gain = f"{fmt_amp(seed.amplification)} at {seed.name}"
+        cause = replace(cause, reason=f"{cause.reason}; found around the largest gain ({gain})")
     if search is not None:
-        search = replace(search, pattern_windows_tried=pattern.tried)
+        search = replace(search, pattern_windows_tried=tried)
     return marked, first, cause, search

@@ -22,6 +22,9 @@ from onnx_bisect.report.plots import PLOTS_HINT, curve_svg
 from onnx_bisect.report.quant import quant_html
 from onnx_bisect.report.steps import steps_html
 from onnx_bisect.result import (
+    INSIDE,
+    INSIDE_CAUSE,
+    INSIDE_FIRST,
     nonfinite_origin,
     nonfinite_phrase,
     precision_phrase,
@@ -123,7 +126,8 @@ def _summary(r: BisectResult) -> list[str]:
         )
         if (src := shown_source(r, fd.name)) is not None:
             what += f" (from {src})"
-        facts.append(("First divergence", f"{_node(fd)}: {escape(what)}"))
+        label = "First divergence" if r.diverged else f"{INSIDE_FIRST} ({INSIDE})"
+        facts.append((label, f"{_node(fd)}: {escape(what)}"))
     elif r.diverged:
         facts.append(("First divergence", "none among the probed tensors"))
     if (origin := nonfinite_origin(r)) is not None:
@@ -139,7 +143,7 @@ def _summary(r: BisectResult) -> list[str]:
             text += f"<br>The target said:<pre>{escape(rc.message)}</pre>"
         if rc.model_message:
             text += f"On the full model it said:<pre>{escape(rc.model_message)}</pre>"
-        facts.append(("Root cause", text))
+        facts.append(("Root cause" if r.diverged else f"{INSIDE_CAUSE} ({INSIDE})", text))
     if chain := chain_line(r):
         facts.append(("Amplification chain", escape(chain)))
     if r.pass_bisection is not None:

@@ -26,6 +26,7 @@ from onnx import numpy_helper
 
 from onnx_bisect.backends.compiled import COMPILED_DIR_ENV, compiles_here
 from onnx_bisect.backends.protocol import Backend
+from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.session import Session
@@ -96,6 +97,13 @@ def write_repro(
         outs = node.outputs if node else ()
         floors = [crit.threshold_for(t, job.store.get(t))[0] for t in outs if t in job.store]
         threshold = min(floors, default=crit.eps)
+    precision = None
+    if crit.floors is not None:
+        # A declared lower precision: the bundle judges with its bound and its range test, so
+        # that a correct runtime of that precision does not reproduce it.
+        precision = crit.floors.precision.value
+        bounds = [b[0] for t in _start_outputs(job, start) if (b := _bound(crit, t)) is not None]
+        threshold = max([threshold, *bounds])
     script = render_repro_script(
         ref=_recorded_spec(job.session.ref),
         target=job.target.spec.text,
@@ -106,8 +114,18 @@ def write_repro(
         title=f"{job.target.spec.text} vs {job.session.ref.spec.text}",
         symptom=job.symptom,
         workdir=os.getcwd(),
+        precision=precision,
     )
     return build_bundle(job, start, out_dir, script, verify_in_process=verify_in_process)
+
+
+def _start_outputs(job: BundleJob, start: Sequence[str]) -> list[str]:
+    return [t for n in job.loaded.nodes if n.name in start for t in n.outputs]
+
+
+def _bound(crit: Criterion, tensor: str) -> tuple[float, float] | None:
+    """The precision's bound for ``tensor`` fed the reference's values (its isolated floor)."""
+    return crit.for_isolation().precision_limit(tensor)
 
 
 def _recorded_spec(backend: Backend) -> str:

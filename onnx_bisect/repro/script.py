@@ -15,11 +15,13 @@ import re
 from functools import cache
 from importlib import resources
 
-__all__ = ["SCRIPT_METRICS", "SYMPTOMS", "render_repro_script"]
+__all__ = ["SCRIPT_METRICS", "SCRIPT_PRECISIONS", "SYMPTOMS", "render_repro_script"]
 
 
 # The metrics the script can compute; tests check this against the template's ``metrics()``.
 SCRIPT_METRICS = ("rel_l2", "max_abs", "mean_abs", "cosine", "sqnr_db")
+# The lower precisions the script judges with their range test (template.FORMATS).
+SCRIPT_PRECISIONS = ("float16", "bfloat16", "tf32")
 # What a bundle reproduces: a wrong value, the target dying, or the target reporting an error.
 SYMPTOMS = ("divergence", "crash", "error")
 
@@ -46,16 +48,20 @@ def render_repro_script(
     title: str = "",
     workdir: str | None = None,
     symptom: str = "divergence",
+    precision: str | None = None,
 ) -> str:
     """The text of a bundle's ``repro.py``, comparing ``target`` with ``ref`` as recorded.
 
     ``metric`` and ``threshold`` (or ``atol``/``rtol``, which take precedence, as allclose)
     are the criterion the diagnosis used; a threshold of "auto" must be resolved to a number
     by the caller. ``symptom`` is what reproduces (exit 1): "divergence", "crash" or "error"
-    (the target reporting an error, e.g. a missing kernel). ``title`` goes into the script's
-    docstring. ``workdir`` is where exec: commands run (where onnx-bisect ran, so that their
-    relative paths still resolve).
+    (the target reporting an error, e.g. a missing kernel). ``precision``: the lower precision
+    the target was declared to compute in, judged with its range test. ``title`` goes into the
+    script's docstring. ``workdir`` is where exec: commands run (where onnx-bisect ran, so that
+    their relative paths still resolve).
     """
+    if precision not in (None, *SCRIPT_PRECISIONS):
+        raise ValueError(f"render_repro_script: precision must be one of {SCRIPT_PRECISIONS}")
     if symptom not in SYMPTOMS:
         raise ValueError(f"render_repro_script: symptom must be one of {', '.join(SYMPTOMS)}")
     for role, spec in (("ref", ref), ("target", target)):
@@ -86,6 +92,7 @@ def render_repro_script(
         '"__RTOL__"': "None" if rtol is None else repr(float(rtol)),
         '"__WORKDIR__"': "None" if workdir is None else _literal(workdir),
         '"__SYMPTOM__"': _quoted(symptom),
+        '"__PRECISION__"': "None" if precision is None else _quoted(precision),
     }
     # One pass: a title or spec that contains a placeholder is never substituted again.
     pattern = re.compile("|".join(re.escape(k) for k in replacements))

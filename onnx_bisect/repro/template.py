@@ -16,7 +16,9 @@ Usage:
     python repro.py --dir DIR         the bundle in DIR rather than this script's directory
     python repro.py --timeout SEC     a target that runs longer counts as a crash (0: never)
 
---metric, --threshold, --atol and --rtol override the recorded divergence criterion.
+--metric, --threshold, --atol, --rtol and --precision override the recorded divergence
+criterion; with a precision (float16, bfloat16, tf32), values it holds that come back 0 (a
+flush) are a divergence too.
 
 The target runs in a child process, so that a segfault, an abort or a hang is reported rather
 than taking this script down. The reference runs in this process; its line only checks that
@@ -89,6 +91,10 @@ WORKDIR: str | None = "__WORKDIR__"
 # What this bundle reproduces: "divergence", "crash", or "error" (the target reports an error,
 # such as a missing kernel, on this subgraph).
 SYMPTOM = "__SYMPTOM__"
+# The precision the target computes in where it was declared lower (float16, bfloat16, tf32),
+# else None: then values that precision holds coming back 0 (a flush) are a divergence however
+# small the metric, and THRESHOLD is that precision's bound, not float32's.
+PRECISION: str | None = "__PRECISION__"
 
 DEFAULT_TIMEOUT = 600.0
 
@@ -119,6 +125,16 @@ PROVIDERS = {
 OPT_LEVELS = ("disable", "basic", "extended", "all")
 PRECISIONS = {"f32": "f32", "fp32": "f32", "bf16": "bf16", "f16": "f16", "fp16": "f16"}
 PLACEHOLDERS = ("{model}", "{inputs}", "{outputs}")
+# Per lower precision: its largest finite value and its smallest positive one.
+FORMATS = {
+    "float16": (65504.0, 5.960464477539063e-08),
+    "bfloat16": (3.3895313892515355e38, 9.2e-41),
+    "tf32": (3.4028234663852886e38, 1.4e-45),
+}
+# A zero counts as flushed where the expected value is at least this many of the format's
+# smallest steps, and the zeros must be nearly all (FLUSH_BAND) of the values up to their size.
+FLUSH_ULPS = 16
+FLUSH_BAND = 0.9
 _HIGHER_IS_WORSE = {
     "rel_l2": True,
     "max_abs": True,
@@ -768,6 +784,7 @@ class Criterion:
     threshold: float
     atol: float | None
     rtol: float | None
+    precision: str | None = None
 
     @property
     def allclose(self) -> bool:
@@ -877,6 +894,9 @@ def compare(name: str, expected: Any, actual: Any | None, crit: Criterion) -> Ro
     nonfinite = int(np.count_nonzero(bad))
     if nonfinite:
         return Row(name, True, values, f"{nonfinite} NaN/Inf values differ from the expected")
+    flush = flushed(r, t, crit.precision) if crit.precision in FORMATS else ""
+    if flush:
+        return Row(name, True, values, flush)
     if crit.allclose:
         atol, rtol = crit.tolerances
         close = np.isclose(t, r, rtol=rtol, atol=atol)
@@ -888,6 +908,29 @@ def compare(name: str, expected: Any, actual: Any | None, crit: Criterion) -> Ro
     if crit.fails(values[crit.metric]):
         return Row(name, True, values, crit.describe())
     return Row(name, False, values)
+
+
+def flushed(r: Any, t: Any, precision: str) -> str:
+    """Values ``precision`` holds that came back 0, when they are at least 1% of the elements
+    (and 8) and nearly all of the values up to their size: a flush, not rounding ("" if not).
+    onnx-bisect's range test (compare/precision.py), restated."""
+    largest, tiny = FORMATS[precision]
+    size = np.abs(r)
+    nonzero = size[size > 0]
+    typical = float(np.median(nonzero)) if nonzero.size else 0.0
+    smallest = max(FLUSH_ULPS * tiny, 1e-6 * typical)
+    held = (size >= smallest) & (size <= largest)
+    zero = held & (t == 0)
+    count = int(np.count_nonzero(zero))
+    if not r.size or count < max(8, 0.01 * r.size):
+        return ""
+    zeroed = size[zero]
+    edge = float(np.quantile(zeroed, 0.9))
+    up_to = int(np.count_nonzero(held & (size <= edge)))
+    if int(np.count_nonzero(zeroed <= edge)) < FLUSH_BAND * up_to:
+        return ""
+    share, most = 100 * count / r.size, float(zeroed.max())
+    return f"{share:.1f}% of the elements are 0 where {precision} holds values up to {most:.2g}"
 
 
 def compare_all(expected: Tensors, actual: Tensors, crit: Criterion) -> list[Row]:
@@ -948,6 +991,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", metavar="X", type=float, default=THRESHOLD, help=shown)
     p.add_argument("--atol", metavar="X", type=float, default=ATOL, help=shown)
     p.add_argument("--rtol", metavar="X", type=float, default=RTOL, help=shown)
+    p.add_argument("--precision", choices=sorted(FORMATS), default=PRECISION, help=shown)
     p.add_argument("--_child-target", dest="child_target", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     return p
@@ -974,7 +1018,7 @@ def repro(args: argparse.Namespace) -> int:
     ref_spec, target_spec = parse_spec(args.ref), parse_spec(args.target)
     check_spec(ref_spec)
     check_spec(target_spec)
-    crit = Criterion(args.metric, args.threshold, args.atol, args.rtol)
+    crit = Criterion(args.metric, args.threshold, args.atol, args.rtol, args.precision)
     timeout = args.timeout if args.timeout and args.timeout > 0 else None
     directory: Path = args.dir
     bundle = load_bundle(directory)
@@ -1061,10 +1105,14 @@ def _verdict(
         )
         return 1
     if diverged:
-        print(
-            "REPRODUCED: the target diverges from the reference on this subgraph "
-            f"({', '.join(diverged)}: {crit.describe()})"
+        # Each with its own reason: a flush or a NaN is not "rel_l2 > threshold".
+        why = {r.reason for r in rows if r.diverged}
+        said = (
+            f"{', '.join(diverged)}: {why.pop()}"
+            if len(why) == 1
+            else "; ".join(f"{r.name}: {r.reason}" for r in rows if r.diverged)
         )
+        print(f"REPRODUCED: the target diverges from the reference on this subgraph ({said})")
         return 1
     note = ""
     if ref_disagrees:

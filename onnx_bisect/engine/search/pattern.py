@@ -32,8 +32,17 @@ from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.extract import window_model
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
+from onnx_bisect.result import NodeResult
 
-__all__ = ["MAX_WINDOW", "Pattern", "find_pattern", "window_candidates"]
+__all__ = [
+    "EXTREME_GAIN",
+    "EXTREME_WINDOW",
+    "MAX_WINDOW",
+    "Pattern",
+    "extreme_gains",
+    "find_pattern",
+    "window_candidates",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +52,12 @@ T = TypeVar("T")
 
 
 MAX_WINDOW = 8
+# With no single culprit, windows of up to EXTREME_WINDOW nodes are first tried around the
+# EXTREME_SEEDS nodes of the largest gains of at least EXTREME_GAIN (a broken fused quantized
+# Softmax on tract: x10,282 at one node, far from the first divergence).
+EXTREME_GAIN = 1000.0
+EXTREME_WINDOW = 6
+EXTREME_SEEDS = 3
 
 
 @dataclass(frozen=True)
@@ -69,6 +84,17 @@ def find_pattern(
             log.debug("pattern: window %s reproduces", [n.name for n in nodes])
             return Pattern(nodes, exits, tried)
     return None
+
+
+def extreme_gains(nodes: Sequence[NodeResult], skip: str = "") -> list[NodeResult]:
+    """The nodes whose gain (output error ÷ worst input error) is at least ``EXTREME_GAIN``,
+    largest first, at most ``EXTREME_SEEDS`` (``skip``: a node searched anyway)."""
+    big = [
+        n
+        for n in nodes
+        if n.amplification is not None and n.amplification >= EXTREME_GAIN and n.name != skip
+    ]
+    return sorted(big, key=lambda n: -(n.amplification or 0.0))[:EXTREME_SEEDS]
 
 
 def window_candidates(
