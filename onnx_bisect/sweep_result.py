@@ -93,7 +93,8 @@ class CaseResult:
     reason: str = ""  # the root-cause line, or the error's
     seconds: float = 0.0
     peak_memory: int | None = None  # bytes, the case's process tree at its peak (sampled)
-    report: str = ""  # the case's folder
+    folder: str = ""  # the case's folder
+    report: str = ""  # its report.md, where bisect wrote one
     bundle: str = ""  # its repro bundle's folder, where one was written
     command: str = ""  # the bisect command that reproduces the case
     exit_code: int | None = None  # the case's bisect process's; a negative signal number

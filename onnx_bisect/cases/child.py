@@ -87,7 +87,8 @@ def run_case(
     run = partial(_run, case, options, folder, env=env, model=model, inputs=inputs)
     ran, error = run(isolate=False)
     seconds, peak = ran.seconds, ran.peak
-    if ran.code < 0 and not ran.hung and not options.isolate_crashes:
+    isolated = ran.code < 0 and not ran.hung and not options.isolate_crashes
+    if isolated:
         # Died by a signal: once more with the target in a child per run, to name the node.
         again, error = run(isolate=True)
         seconds += again.seconds
@@ -102,7 +103,7 @@ def run_case(
         result = from_report(case, report, where=where)
     else:
         result = from_error(case, ran.code, error, ran.last, where=where)
-    command = repro_command(case, options, out / case.folder)
+    command = repro_command(case, options, out / case.folder, isolate=isolated)
     return replace(
         result, seconds=round(seconds, 3), peak_memory=peak, command=command, exit_code=ran.code
     )

@@ -181,6 +181,6 @@ def bisect_args(
     return [*args, "--out", str(out)]
 
 
-def repro_command(case: Case, options: CaseOptions, out: Path) -> str:
+def repro_command(case: Case, options: CaseOptions, out: Path, *, isolate: bool = False) -> str:
     """The command that diagnoses this case again, as a user types it."""
-    return shlex.join(["bisect", *bisect_args(case, options, out)])
+    return shlex.join(["bisect", *bisect_args(case, options, out, isolate=isolate)])

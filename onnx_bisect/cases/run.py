@@ -101,7 +101,7 @@ def sweep(
     rows = dict(done)
 
     def finished(result: CaseResult) -> None:
-        _write_case(out_dir / result.report, result)
+        _write_case(out_dir / result.folder, result)
         rows[result.key] = result
         write_results_csv([rows[c.key] for c in cases if c.key in rows], out_dir)
         if on_case is not None:

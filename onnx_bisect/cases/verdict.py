@@ -48,7 +48,8 @@ def from_report(case: Case, report: Mapping[str, Any], *, where: str) -> CaseRes
         outcome=CaseOutcome.AGREE if report.get("verdict") == "match" else CaseOutcome.DIVERGED,
         stage=Stage.NUMERICS,
         first_divergence=str(first.get("node") or ""),
-        report=where,
+        folder=where,
+        report=f"{where}/report.md",
         bundle=f"{where}/repro" if report.get("repro") else "",
     )
     if row.outcome is CaseOutcome.AGREE or cause is None:
@@ -96,7 +97,7 @@ def from_error(
         stage=stage,
         root_kind="error",
         reason=f"{message} ({what})" if message else what,
-        report=where,
+        folder=where,
     )
 
 
@@ -141,5 +142,5 @@ def from_signal(
         stage=Stage.RUN,
         root_kind=outcome.value,
         reason=died,
-        report=where,
+        folder=where,
     )

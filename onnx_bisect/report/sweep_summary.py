@@ -13,7 +13,13 @@ from onnx_bisect.report.html import CSP
 from onnx_bisect.sweep_result import CaseOutcome, CaseResult, Change, SweepResult
 from onnx_bisect.text import plural
 
-__all__ = ["OUTCOME_COLOURS", "render_summary_html", "render_summary_md", "root_tally"]
+__all__ = [
+    "OUTCOME_COLOURS",
+    "render_summary_html",
+    "render_summary_md",
+    "root_tally",
+    "tally_line",
+]
 
 # Green passes, amber precision, red wrong numbers, purple a runtime that cannot, grey dead.
 OUTCOME_COLOURS = {
@@ -38,6 +44,11 @@ def root_tally(result: SweepResult) -> list[tuple[str, str, str, list[str]]]:
             groups[(case.target, op or "(no node)", case.outcome.value)].append(case.model)
     ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
     return [(target, op, outcome, models) for (target, op, outcome), models in ranked]
+
+
+def tally_line(target: str, op: str, outcome: str, models: list[str]) -> str:
+    """``tract: 3 models stop at Pad (diverged: a, b, c)``."""
+    return f"{target}: {plural(len(models), 'model')} stop at {op} ({outcome}: {', '.join(models)})"
 
 
 def _cell_text(case: CaseResult | None) -> str:
@@ -74,16 +85,13 @@ def render_summary_md(result: SweepResult) -> str:
         for target in result.targets:
             case = result.case(model, target)
             text = cell(_cell_text(case))
-            cells.append(f"[{text}]({case.report}/report.md)" if case and case.report else text)
+            cells.append(f"[{text}]({case.report})" if case and case.report else text)
         lines.append(f"| {cell(model)} | " + " | ".join(cells) + " |")
     tally = root_tally(result)
     if tally:
         lines += ["", "## Root causes by op type", ""]
         for target, op, outcome, models in tally:
-            names = ", ".join(models)
-            lines.append(
-                f"- {cell(target)}: {plural(len(models), 'model')} {outcome} at {op} ({names})"
-            )
+            lines.append(f"- {cell(tally_line(target, op, outcome, models))}")
     for title, keys in _changes(result):
         lines += ["", f"## {title} ({len(keys)})", ""]
         lines += [f"- {cell(m)} x {cell(t)}: {_was(result, m, t)}" for m, t in keys] or ["none"]
@@ -153,7 +161,9 @@ def _matrix_html(result: SweepResult) -> list[str]:
                 cells.append("<td>-</td>")
                 continue
             colour = OUTCOME_COLOURS[case.outcome]
-            link = f'<a href="{escape(case.report)}/report.html">{escape(_cell_text(case))}</a>'
+            text = escape(_cell_text(case))
+            page = f"{case.folder}/report.html"
+            link = f'<a href="{escape(page)}">{text}</a>' if case.report else text
             bundle = f' <a href="{escape(case.bundle)}/">bundle</a>' if case.bundle else ""
             tip = escape(case.reason, quote=True)
             cells.append(
@@ -169,8 +179,7 @@ def _tally_html(result: SweepResult) -> list[str]:
     if not tally:
         return []
     items = [
-        f"<li><b>{escape(target)}</b>: {escape(plural(len(models), 'model'))} {outcome} at "
-        f"<code>{escape(op)}</code> ({escape(', '.join(models))})</li>"
+        f"<li>{escape(tally_line(target, op, outcome, models))}</li>"
         for target, op, outcome, models in tally
     ]
     return ["<h2>Root causes by op type</h2>", "<ul>", *items, "</ul>"]

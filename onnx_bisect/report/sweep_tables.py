@@ -32,7 +32,7 @@ def _row(case: CaseResult) -> dict[str, object]:
         "first_divergence": case.first_divergence,
         "seconds": f"{case.seconds:.2f}",
         "peak_memory_mb": peak,
-        "report": f"{case.report}/report.md" if case.report else "",
+        "report": case.report,
         "bundle": case.bundle,
         "reason": case.reason,
         "spec": case.spec,
@@ -55,7 +55,9 @@ def _failure_text(case: CaseResult) -> str:
     lines = [f"{case.outcome} ({case.stage}){where}: {case.reason}".rstrip(": ")]
     if case.first_divergence and case.first_divergence not in case.root_nodes:
         lines.append(f"first divergence: {case.first_divergence}")
-    lines += [f"repro: {case.command}", f"report: {case.report}/report.md"]
+    lines.append(f"repro: {case.command}")
+    if case.report:
+        lines.append(f"report: {case.report}")
     if case.bundle:
         lines.append(f"bundle: {case.bundle}")
     return "\n".join(lines)
