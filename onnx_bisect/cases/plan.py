@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnx_bisect.backends.spec import parse_spec
+from onnx_bisect.backends.registry import check_known
 from onnx_bisect.errors import InputError
 
 __all__ = [
@@ -94,7 +94,7 @@ def parse_targets(texts: Sequence[str]) -> list[TargetEntry]:
         label, sep, spec = text.partition("=")
         if not (sep and _LABEL.fullmatch(label)):
             label, spec = text, text
-        parse_spec(spec)
+        check_known(spec)
         entries.append(TargetEntry(label=label, spec=spec, slug=slug(label)))
     for field in ("label", "slug"):
         twice = [k for k, n in Counter(getattr(e, field) for e in entries).items() if n > 1]

@@ -33,7 +33,7 @@ _GATE = "Baseline"
 ModelsArg = Annotated[
     list[Path],
     typer.Argument(
-        metavar="MODEL_OR_DIR...",
+        metavar="MODEL_OR_DIR",
         help="Models, or folders searched for *.onnx.",
         show_default=False,
     ),
@@ -89,6 +89,7 @@ SweepRayOpt = Annotated[
 ResumeOpt = Annotated[
     bool,
     typer.Option(
+        "--resume",
         metavar="",
         help="Skip the cases a killed sweep into DIR finished.",
         rich_help_panel=_SCALE,
