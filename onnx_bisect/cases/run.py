@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from onnx_bisect.cases.child import kill_running, run_case
+from onnx_bisect.cases.child import kill_running, new_sweep, run_case
 from onnx_bisect.cases.plan import (
     Case,
     CaseOptions,
@@ -142,6 +142,7 @@ def _run_local(
 ) -> None:
     """Each case's ``bisect`` in a child process, ``jobs`` at a time (threads only wait)."""
     env = thread_env(jobs)
+    new_sweep()
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sweep-case") as pool:
         futures = [pool.submit(run_case, case, options, out, env=env) for case in cases]
         try:
