@@ -429,3 +429,18 @@ def test_ctrl_c_ends_every_case_under_way(zoo: Path, tmp_path: Path) -> None:
             os.kill(pid, 0)
     assert len(pids) == 1  # the cases queued behind it never started
     assert not list((tmp_path / "o").glob("*/*/case.json"))
+
+
+def test_ray_resources_follow_the_target_and_the_budget() -> None:
+    from onnx_bisect.cases.plan import CaseOptions
+    from onnx_bisect.cases.remote import _resources
+
+    def case(spec: str) -> Case:
+        return Case(model=_CASE.model, target=TargetEntry(label="t", spec=spec, slug="t"))
+
+    assert _resources(case("cpu"), options=CaseOptions()) == {}
+    assert _resources(case("cuda"), options=CaseOptions()) == {"num_gpus": 1}
+    assert _resources(case("torch:cuda:0"), options=CaseOptions(max_memory=1 << 30)) == {
+        "num_gpus": 1,
+        "memory": (1 << 30) + (600 << 20),
+    }

@@ -53,7 +53,7 @@ class CaseOptions:
     ref: str = "cpu"
     shapes: tuple[str, ...] = ()
     timeout: float | None = None  # per target run, bisect's --timeout
-    max_memory: str | None = None
+    max_memory: int | None = None  # bytes
     isolate_crashes: bool | None = None
     case_timeout: float | None = None  # the whole case; past it the case is a hang
     repro: bool = True
@@ -171,7 +171,7 @@ def bisect_args(
     if options.timeout is not None:
         args += ["--timeout", f"{options.timeout:g}"]
     if options.max_memory is not None:
-        args += ["--max-memory", options.max_memory]
+        args += ["--max-memory", str(options.max_memory)]
     if isolate or options.isolate_crashes:
         args.append("--isolate-crashes")
     elif options.isolate_crashes is False:

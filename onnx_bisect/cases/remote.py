@@ -13,8 +13,10 @@ import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
+from onnx_bisect.backends.registry import check_known
 from onnx_bisect.cases.child import run_case
 from onnx_bisect.cases.plan import Case, CaseOptions
 from onnx_bisect.engine.dataset.ray_tasks import run_on_ray
@@ -61,7 +63,33 @@ def run_on_cluster(
         _unpack(out / cases[index].folder, files, replace=True)
         finished(result)
 
-    run_on_ray(_remote_case, shipment, list(cases), jobs=jobs, address=address, done=done)
+    run_on_ray(
+        _remote_case,
+        shipment,
+        list(cases),
+        jobs=jobs,
+        address=address,
+        done=done,
+        resources=partial(_resources, options=options),
+    )
+
+
+# Devices a case's task must be placed with a GPU for (a spec's device, lowercased).
+_GPU_DEVICES = ("cuda", "tensorrt", "trt", "rocm", "gpu", "dml")
+# What a case costs beyond its --max-memory budget (FIXED_OVERHEAD measured at most 600 MB).
+_OVERHEAD_BYTES = 600 << 20
+
+
+def _resources(case: Case, *, options: CaseOptions) -> dict[str, float]:
+    """Ray's resources for a case: a GPU where its target runs on one; with ``max_memory``,
+    the budget and the overhead, so that a node is not given more cases than it can hold."""
+    wanted: dict[str, float] = {}
+    device = (check_known(case.target.spec).device or "").lower()
+    if device.split(":")[0] in _GPU_DEVICES:
+        wanted["num_gpus"] = 1
+    if options.max_memory is not None:
+        wanted["memory"] = options.max_memory + _OVERHEAD_BYTES
+    return wanted
 
 
 def _remote_case(shipment: Shipment, case: Case) -> tuple[CaseResult, Files]:

@@ -53,7 +53,7 @@ def sweep(
     shapes: Sequence[str] = (),
     timeout: float | None = None,
     case_timeout: float | None = None,
-    max_memory: str | None = None,
+    max_memory: int | None = None,
     isolate_crashes: bool | None = None,
     repro: bool = True,
     jobs: int = 1,

@@ -152,8 +152,6 @@ def sweep_command(
         )
 
     with user_errors(debug):
-        if max_memory != MAX_MEMORY_TEXT:
-            parse_bytes(max_memory)  # the flag's own error, before any case runs
         result = sweep(
             models,
             target,
@@ -163,7 +161,7 @@ def sweep_command(
             shapes=tuple(shape or ()),
             timeout=timeout,
             case_timeout=case_timeout,
-            max_memory=None if max_memory == MAX_MEMORY_TEXT else max_memory,
+            max_memory=None if max_memory == MAX_MEMORY_TEXT else parse_bytes(max_memory),
             isolate_crashes=isolate_crashes,
             repro=repro,
             jobs=jobs,

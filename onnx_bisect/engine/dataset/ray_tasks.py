@@ -21,7 +21,7 @@ import os
 import socket
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,9 +49,11 @@ def run_on_ray(
     jobs: int,
     address: str,
     done: Callable[[int, R], None] | None = None,
+    resources: Callable[[T], Mapping[str, Any]] | None = None,
 ) -> list[R]:
     """``fn(shared, item)`` for every item as Ray tasks. ``done(index, result)`` is called as
-    each task finishes, in the order they finish (a sweep writes each case's files then). On
+    each task finishes, in the order they finish (a sweep writes each case's files then);
+    ``resources(item)``, Ray's options for that item's task (``num_gpus``, ``memory``). On
     the way out (Ctrl-C included) a cluster started here is shut down; from one at an address
     we only disconnect."""
     ray = _import_ray()
@@ -62,7 +64,12 @@ def run_on_ray(
         # No retries: a task that killed its worker would kill the next one too.
         task = ray.remote(max_retries=0)(_task)
         run = uuid.uuid4().hex
-        refs = [task.remote(fn, [shared_ref], item, run) for item in items]
+        refs = [
+            (task.options(**resources(item)) if resources else task).remote(
+                fn, [shared_ref], item, run
+            )
+            for item in items
+        ]
         if done is None:
             return [_result(ray, ref, index, len(items)) for index, ref in enumerate(refs)]
         return _as_finished(ray, refs, done)
