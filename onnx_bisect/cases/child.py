@@ -38,7 +38,7 @@ __all__ = ["Ran", "kill_running", "new_sweep", "run_case"]
 _BISECT = (
     "import sys; sys.argv[0] = 'bisect'; from onnx_bisect.entry import bisect_entry; bisect_entry()"
 )
-_SAMPLE_S = 0.1
+_SAMPLE_S = 0.25
 
 # The process groups of the cases running now (in threads): Ctrl-C reaches the main thread
 # only, and each case runs in a session of its own, so the sweep ends them itself.
@@ -155,7 +155,7 @@ def _timed(argv: list[str], timeout: float | None, env: Mapping[str, str]) -> Ra
 @contextlib.contextmanager
 def _watched(peaks: list[int]) -> Iterator[Callable[[int], None]]:
     """A callback for the child's pid: its group is registered (``kill_running``) and its
-    tree's resident memory (the sum over its processes) sampled every 0.1 s into ``peaks``
+    tree's resident memory (the sum over its processes) sampled every 0.25 s into ``peaks``
     (with psutil, where it is installed) until the block ends."""
     stop = threading.Event()
     threads: list[threading.Thread] = []

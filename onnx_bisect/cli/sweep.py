@@ -130,9 +130,7 @@ def sweep_command(
     verbose: VerboseOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Diagnose every MODEL on every --target as bisect does, each case in a process of its
-    own; write results.csv, junit.xml and summary.md/.html. Exit 1 when a case fails (with
-    --baseline: when one is worse than there)."""
+    """Diagnose every model on every --target as bisect does; tables and a CI gate in --out."""
     from onnx_bisect.cases.run import sweep
 
     configure_logging(verbose=verbose, debug=debug)
