@@ -444,3 +444,21 @@ def test_ray_resources_follow_the_target_and_the_budget() -> None:
         "num_gpus": 1,
         "memory": (1 << 30) + (600 << 20),
     }
+
+
+def test_models_under_the_output_folder_are_not_swept(tmp_path: Path) -> None:
+    from onnx_bisect.cases.plan import find_models
+
+    onnx.save(chain(), tmp_path / "chain.onnx")
+    (tmp_path / "out" / "chain" / "cpu" / "repro").mkdir(parents=True)
+    onnx.save(chain(), tmp_path / "out" / "chain" / "cpu" / "repro" / "model.onnx")
+    (tmp_path / "zoo" / "a").mkdir(parents=True)
+    (tmp_path / "zoo" / "b").mkdir()
+    onnx.save(chain(), tmp_path / "zoo" / "a" / "model.onnx")
+    onnx.save(mlp(), tmp_path / "zoo" / "b" / "model.onnx")
+    found = find_models([tmp_path], out=tmp_path / "out")
+    assert [(m.name, m.path.relative_to(tmp_path).as_posix()) for m in found] == [
+        ("chain", "chain.onnx"),
+        ("a-model", "zoo/a/model.onnx"),
+        ("b-model", "zoo/b/model.onnx"),
+    ]

@@ -106,15 +106,18 @@ def parse_targets(texts: Sequence[str]) -> list[TargetEntry]:
     return entries
 
 
-def find_models(paths: Sequence[Path], *, inputs: Path | None = None) -> list[ModelEntry]:
+def find_models(
+    paths: Sequence[Path], *, inputs: Path | None = None, out: Path | None = None
+) -> list[ModelEntry]:
     """Every ``.onnx`` file given, or found under a folder given (sorted), named by its stem:
     the zoo's ``resnet50/model.onnx`` and ``vgg16/model.onnx`` are ``resnet50-model`` and
     ``vgg16-model``. Inputs: ``inputs/<name>.npz`` (or ``<stem>.npz``), else the
-    ``test_data_set_0`` beside the model, else generated."""
+    ``test_data_set_0`` beside the model, else generated. Nothing under ``out`` is a model:
+    an earlier sweep's bundles would be swept as models the next time."""
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*.onnx") if p.is_file())
+            found = sorted(p for p in path.rglob("*.onnx") if p.is_file() and not _under(p, out))
             if not found:
                 raise InputError(f"{path}: no .onnx model in this folder")
             files += found
@@ -134,6 +137,10 @@ def find_models(paths: Sequence[Path], *, inputs: Path | None = None) -> list[Mo
         ModelEntry(name=name, path=p, inputs=_inputs_of(p, name, inputs))
         for name, p in zip(names, files, strict=True)
     ]
+
+
+def _under(path: Path, folder: Path | None) -> bool:
+    return folder is not None and path.resolve().is_relative_to(folder.resolve())
 
 
 def _inputs_of(model: Path, name: str, inputs: Path | None) -> Path | None:

@@ -88,7 +88,7 @@ def sweep(
     )
     out_dir = Path(out)
     entries = find_models(
-        [Path(m) for m in models], inputs=None if inputs is None else Path(inputs)
+        [Path(m) for m in models], inputs=None if inputs is None else Path(inputs), out=out_dir
     )
     labels = parse_targets(targets)
     before = _read_baseline(Path(baseline)) if baseline is not None else None
