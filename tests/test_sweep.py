@@ -224,6 +224,12 @@ def test_resume_redoes_no_finished_case(zoo: Path, tmp_path: Path) -> None:
     assert result.resumed == (("chain", "cpu"),)
     assert [c.outcome for c in result.cases] == [CaseOutcome.AGREE] * 2
     assert len(_rows(out)) == 2
+    # A sweep of fewer models keeps the others' folders the tool's (its manifest), so a later
+    # sweep of them all is not refused.
+    onnx_bisect.sweep(models[:1], ["cpu"], out=out, resume=True)
+    again.clear()
+    onnx_bisect.sweep(models, ["cpu"], out=out, inputs=zoo / "inputs", resume=True)
+    assert not again
 
 
 @pytest.mark.slow
@@ -251,6 +257,16 @@ def test_usage_errors_are_one_line_exit_2(tmp_path: Path) -> None:
     proc = _cli(str(CONV_BN), "--target", "nosuch", "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "nosuch" in proc.stderr
+
+
+def test_specs_are_checked_before_any_case_runs(tmp_path: Path) -> None:
+    from onnx_bisect.errors import SpecError
+
+    with pytest.raises(SpecError, match="unknown backend 'nosuch'"):
+        onnx_bisect.sweep([CONV_BN], ["cpu"], ref="nosuch", out=tmp_path)
+    with pytest.raises(InputError, match="ray must be 'local' or a cluster address"):
+        onnx_bisect.sweep([CONV_BN], ["cpu"], ray=" ", out=tmp_path)
+    assert not list(tmp_path.iterdir())
 
 
 def test_help_fits_80_columns() -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from onnx_bisect.backends.registry import check_known
 from onnx_bisect.cases.child import kill_running, new_sweep, run_case
 from onnx_bisect.cases.plan import (
     Case,
@@ -22,7 +23,7 @@ from onnx_bisect.cases.plan import (
 )
 from onnx_bisect.engine.dataset.worker import thread_env
 from onnx_bisect.errors import InputError
-from onnx_bisect.report.manifest import MANIFEST, manifest_text
+from onnx_bisect.report.manifest import MANIFEST, manifest_text, read_manifest
 from onnx_bisect.report.outdir import check_out_dir
 from onnx_bisect.report.sweep_files import (
     SWEEP_FILES,
@@ -77,6 +78,9 @@ def sweep(
     start = time.perf_counter()
     if jobs < 1:
         raise InputError(f"jobs must be at least 1, got {jobs}", option="jobs")
+    if ray is not None and not ray.strip():
+        raise InputError("ray must be 'local' or a cluster address, got ''", option="ray")
+    check_known(ref)
     opts = CaseOptions(
         ref=ref,
         shapes=tuple(shapes),
@@ -96,7 +100,8 @@ def sweep(
     owned = [*SWEEP_FILES, *dict.fromkeys(e.name for e in entries)]
     check_out_dir(out_dir, owned=owned, reads=[e.path for e in entries])
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / MANIFEST).write_text(manifest_text(owned))
+    # An earlier sweep's model folders stay the tool's, whether or not this one sweeps them.
+    (out_dir / MANIFEST).write_text(manifest_text({*read_manifest(out_dir), *owned}))
     done = _resumed(cases, out_dir) if resume else {}
     rows = dict(done)
 
@@ -111,7 +116,7 @@ def sweep(
     if ray is not None:
         from onnx_bisect.cases.remote import run_on_cluster
 
-        run_on_cluster(pending, opts, out_dir, address=ray, jobs=jobs, finished=finished)
+        run_on_cluster(pending, opts, out_dir, address=ray.strip(), jobs=jobs, finished=finished)
     else:
         _run_local(pending, opts, out_dir, jobs=jobs, finished=finished)
     ordered = tuple(rows[c.key] for c in cases)

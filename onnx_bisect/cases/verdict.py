@@ -121,6 +121,8 @@ def from_signal(
             died = f"the case's process died by {signal.Signals(-code).name}"
         except ValueError:
             died = f"the case's process died by signal {-code}"
+        if -code == signal.SIGKILL:
+            died += " (the OOM killer, or a kill)"
     outcome = CaseOutcome.HANG if hung else CaseOutcome.CRASH
     if report is not None:
         found = from_report(case, report, where=where)
