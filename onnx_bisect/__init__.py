@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         create_backend,
         parse_spec,
     )
+    from onnx_bisect.cases.run import sweep
     from onnx_bisect.compare.criterion import Comparison, Criterion
     from onnx_bisect.compare.tensors import compare_tensors
     from onnx_bisect.dataset_result import DatasetSummary, NodeStats
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from onnx_bisect.options import BisectOptions
     from onnx_bisect.report import to_dict, to_frame, write_reports
     from onnx_bisect.result import BisectResult, NodeResult, RootCause, Verdict
+    from onnx_bisect.sweep_result import CaseOutcome, CaseResult, Stage, SweepResult
 
     compare = compare_tensors
 
@@ -67,6 +69,10 @@ _LAZY = {
     "BisectOptions": "onnx_bisect.options",
     **dict.fromkeys(("to_dict", "to_frame", "write_reports"), "onnx_bisect.report"),
     **dict.fromkeys(("BisectResult", "NodeResult", "RootCause", "Verdict"), "onnx_bisect.result"),
+    "sweep": "onnx_bisect.cases.run",
+    **dict.fromkeys(
+        ("CaseOutcome", "CaseResult", "Stage", "SweepResult"), "onnx_bisect.sweep_result"
+    ),
 }
 _ALIASES = {"compare": "compare_tensors"}
 
@@ -80,6 +86,8 @@ __all__ = [
     "BisectOptions",
     "BisectResult",
     "Capabilities",
+    "CaseOutcome",
+    "CaseResult",
     "Comparison",
     "Criterion",
     "DatasetSummary",
@@ -90,12 +98,15 @@ __all__ = [
     "OnnxBisectError",
     "RootCause",
     "SpecError",
+    "Stage",
+    "SweepResult",
     "Verdict",
     "bisect",
     "compare",
     "compare_tensors",
     "create_backend",
     "parse_spec",
+    "sweep",
     "to_dict",
     "to_frame",
     "write_reports",

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "ERROR_FILE_VARIABLE",
     "INTERRUPT_GRACE_S",
     "python_child_env",
     "return_large_frees",
@@ -26,6 +27,11 @@ __all__ = [
 # How long a child has to clean up after Ctrl-C (a repro.py kills its own target's process
 # group then) before its whole group is killed.
 INTERRUPT_GRACE_S = 5.0
+
+
+# Where the CLI writes the class and text of the error it exits 2 with, when set: a sweep's
+# case (cases/child.py) takes its stage from the error's type, not its wording.
+ERROR_FILE_VARIABLE = "ONNX_BISECT_ERROR_FILE"
 
 
 # glibc's mallopt parameter number for the mmap threshold.
@@ -61,6 +67,7 @@ def run_child(
     timeout: float | None = None,
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
+    started: Callable[[int], None] | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     """Run ``argv`` to completion with its output captured, in a process group of its own.
 
@@ -72,7 +79,8 @@ def run_child(
     forwards SIGINT to the group, waits ``INTERRUPT_GRACE_S`` for it to clean up, and kills
     what is left: in a session of its own, the child does not get the terminal's SIGINT, and
     it must not outlive us. Where nothing of ours runs any more (SIGKILL), the kernel kills
-    the child (Linux's parent-death signal).
+    the child (Linux's parent-death signal). ``started`` is told the child's pid (a sweep
+    samples the memory of its tree).
     """
     proc = subprocess.Popen(
         list(argv),
@@ -85,6 +93,8 @@ def run_child(
         preexec_fn=_dies_with_parent(),
     )
     try:
+        if started is not None:
+            started(proc.pid)
         out, err = _collect(proc, timeout)
     except subprocess.TimeoutExpired:
         _signal_group(proc, signal.SIGKILL)

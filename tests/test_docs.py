@@ -584,6 +584,7 @@ SLOW_GROUPS = {
     ("guide.md", "--dataset frames"): "a dataset of frames, each diagnosed",
     ("guide.md", "onnx-bisect repro pat/repro"): "a bundle made, re-run and re-targeted",
     ("report-format.md", "--quiet --out report"): "two diagnoses and every report file read",
+    ("guide.md", "onnx-bisect sweep"): "four cases, each a diagnosis in a process of its own",
 }
 
 

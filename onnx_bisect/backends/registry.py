@@ -13,7 +13,7 @@ from onnx_bisect.backends.protocol import Backend, one_line
 from onnx_bisect.backends.spec import ALIASES, BackendSpec, parse_spec
 from onnx_bisect.errors import BackendUnavailableError, SpecError
 
-__all__ = ["Adapter", "adapters", "create_backend"]
+__all__ = ["Adapter", "adapters", "check_known", "create_backend"]
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +140,16 @@ def _factory(parsed: BackendSpec) -> tuple[Callable[[BackendSpec], Backend], Bac
     gets its spec without the class in the device slot)."""
     if parsed.name == "file":
         return _from_file(parsed), parsed
+    adapter, parsed = _adapter(parsed)
+    try:
+        return adapter.factory(), parsed
+    except (ImportError, AttributeError) as exc:
+        raise BackendUnavailableError(
+            f"backend {parsed.text!r} is not available: {one_line(exc)}"
+        ) from exc
+
+
+def _adapter(parsed: BackendSpec) -> tuple[Adapter, BackendSpec]:
     table = adapters()
     adapter = table.get(parsed.name)
     if adapter is None and "." in parsed.name and parsed.device:
@@ -149,9 +159,13 @@ def _factory(parsed: BackendSpec) -> tuple[Callable[[BackendSpec], Backend], Bac
     if adapter is None:
         known = ", ".join(sorted(set(table) | set(ALIASES)))
         raise SpecError(f"unknown backend {parsed.name!r}; known: {known}")
-    try:
-        return adapter.factory(), parsed
-    except (ImportError, AttributeError) as exc:
-        raise BackendUnavailableError(
-            f"backend {parsed.text!r} is not available: {one_line(exc)}"
-        ) from exc
+    return adapter, parsed
+
+
+def check_known(spec: str | BackendSpec) -> BackendSpec:
+    """The spec parsed, its backend's name known (``SpecError`` otherwise), nothing imported
+    or created: a sweep checks its targets so before any case runs."""
+    parsed = parse_spec(spec) if isinstance(spec, str) else spec
+    if parsed.name not in ("exec", "file"):
+        _adapter(parsed)
+    return parsed

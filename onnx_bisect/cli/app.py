@@ -23,6 +23,7 @@ from onnx_bisect.cli.commands import (
 )
 from onnx_bisect.cli.output import EXIT_INTERNAL, EXIT_USAGE, err
 from onnx_bisect.cli.params import VersionOpt
+from onnx_bisect.cli.sweep import sweep_command
 from onnx_bisect.leftovers import run_temp_dir
 from onnx_bisect.process import return_large_frees, signal_handlers
 
@@ -63,6 +64,7 @@ bisect_app = typer.Typer(
 bisect_app.command(name="bisect", cls=_Command)(run_command)
 app.command("run", cls=_Command, help="Same as the `bisect` command.")(run_command)
 app.command("reduce", cls=_Command)(reduce_command)
+app.command("sweep", cls=_Command)(sweep_command)
 app.command("repro", cls=_Command)(repro_command)
 app.command("dump", cls=_Command)(dump_command)
 app.command("backends", cls=_Command)(backends_command)

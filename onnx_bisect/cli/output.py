@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import sys
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import typer
 from rich.console import Console
 
 from onnx_bisect.cli.params import for_cli
 from onnx_bisect.errors import OnnxBisectError
+from onnx_bisect.process import ERROR_FILE_VARIABLE
 
 __all__ = [
     "EXIT_DIVERGED",
@@ -40,6 +45,7 @@ def user_errors(debug: bool) -> Iterator[None]:
     try:
         yield
     except OnnxBisectError as exc:
+        _record(exc)
         fail(for_cli(exc))
     except typer.BadParameter as exc:
         fail(exc.message)
@@ -50,6 +56,15 @@ def user_errors(debug: bool) -> Iterator[None]:
             err.print("".join(traceback.format_exception(exc)), markup=False, end="")
             fail(f"internal error: {type(exc).__name__}: {exc}", EXIT_INTERNAL)
         fail(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)", EXIT_INTERNAL)
+
+
+def _record(exc: OnnxBisectError) -> None:
+    """The error's class and text to the file a sweep named (process.ERROR_FILE_VARIABLE)."""
+    path = os.environ.get(ERROR_FILE_VARIABLE)
+    if path:
+        text = json.dumps({"class": type(exc).__name__, "message": for_cli(exc)})
+        with contextlib.suppress(OSError):
+            Path(path).write_text(text)
 
 
 def stdout() -> Console:

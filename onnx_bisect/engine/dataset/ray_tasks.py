@@ -21,7 +21,7 @@ import os
 import socket
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,10 +42,20 @@ _SHARED = ("onnx_bisect.engine.dataset.ray_tasks", "shared")
 
 
 def run_on_ray(
-    fn: Callable[[S, T], R], shared: S, items: Sequence[T], *, jobs: int, address: str
+    fn: Callable[[S, T], R],
+    shared: S,
+    items: Sequence[T],
+    *,
+    jobs: int,
+    address: str,
+    done: Callable[[int, R], None] | None = None,
+    resources: Callable[[T], Mapping[str, Any]] | None = None,
 ) -> list[R]:
-    """``fn(shared, item)`` for every item as Ray tasks. On the way out (Ctrl-C included) a
-    cluster started here is shut down; from one at an address we only disconnect."""
+    """``fn(shared, item)`` for every item as Ray tasks. ``done(index, result)`` is called as
+    each task finishes, in the order they finish (a sweep writes each case's files then);
+    ``resources(item)``, Ray's options for that item's task (``num_gpus``, ``memory``). On
+    the way out (Ctrl-C included) a cluster started here is shut down; from one at an address
+    we only disconnect."""
     ray = _import_ray()
     connected = _connect(ray, address, jobs)
     refs: list[Any] = []
@@ -54,14 +64,35 @@ def run_on_ray(
         # No retries: a task that killed its worker would kill the next one too.
         task = ray.remote(max_retries=0)(_task)
         run = uuid.uuid4().hex
-        refs = [task.remote(fn, [shared_ref], item, run) for item in items]
-        return [_result(ray, ref, index, len(items)) for index, ref in enumerate(refs)]
+        refs = [
+            (task.options(**resources(item)) if resources else task).remote(
+                fn, [shared_ref], item, run
+            )
+            for item in items
+        ]
+        if done is None:
+            return [_result(ray, ref, index, len(items)) for index, ref in enumerate(refs)]
+        return _as_finished(ray, refs, done)
     except BaseException:
         _collect(ray, refs)
         raise
     finally:
         if connected:
             ray.shutdown()
+
+
+def _as_finished(ray: Any, refs: list[Any], done: Callable[[int, Any], None]) -> list[Any]:
+    """Each result as its task finishes, handed to ``done``; all of them in item order."""
+    index = {ref: i for i, ref in enumerate(refs)}
+    results: dict[int, Any] = {}
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        for ref in ready:
+            i = index[ref]
+            results[i] = _result(ray, ref, i, len(refs))
+            done(i, results[i])
+    return [results[i] for i in range(len(refs))]
 
 
 def _task(fn: Callable[[Any, Any], Any], shared: list[Any], item: Any, run: str) -> Any:
