@@ -60,6 +60,18 @@ class TorchBackend(BackendBase):
     ) -> None:
         """Eagerly (a ``compile=`` spec streams its eager run: the oracle's use), each
         output copied to numpy and handed over as its node finishes."""
+        self.stream_pinned(model, feeds, emit, {})
+
+    def stream_pinned(
+        self,
+        model: onnx.ModelProto,
+        feeds: Mapping[str, npt.NDArray[Any]],
+        emit: Emit,
+        pinned: Mapping[str, npt.NDArray[Any]],
+    ) -> None:
+        """``_stream`` with the nodes that compute ``pinned`` (every output of each) not run:
+        their values are taken as given (the float64 oracle takes a float -> integer node's
+        integers from its fp32 twin, see ``engine/oracle/job.py``)."""
         import torch
 
         from onnx_bisect.backends.torch.context import to_numpy
@@ -67,6 +79,7 @@ class TorchBackend(BackendBase):
 
         program = self._program(model)
         inputs = program.feed(feeds)
+        known = program.tensors(pinned) if pinned else None
 
         def take(name: str, value: torch.Tensor | None) -> None:
             if value is not None:
@@ -75,7 +88,7 @@ class TorchBackend(BackendBase):
         o = self.options
         policy = numerics(tf32=o.tf32, deterministic=o.deterministic)
         with policy, intra_op_threads(o.threads), torch.inference_mode():
-            program.run(inputs, emit=take)
+            program.run(inputs, emit=take, known=known)
 
     def _program(self, model: onnx.ModelProto) -> Any:
         import torch

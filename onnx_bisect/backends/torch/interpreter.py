@@ -95,6 +95,12 @@ class Program:
         )
         return _Step(node, fn, attributes(node), ctx, reads)
 
+    def tensors(self, arrays: Mapping[str, npt.NDArray[Any]]) -> dict[str, torch.Tensor | None]:
+        """Any of the graph's values as tensors on the device, under the policy (values to
+        pin with ``run(known=)``)."""
+        base = OpContext(self.device, self.policy, 0, self._run_subgraph)
+        return {n: _value(base, a) for n, a in arrays.items()}
+
     def feed(self, arrays: Mapping[str, npt.NDArray[Any]]) -> dict[str, torch.Tensor]:
         """The graph's inputs as tensors on the device, under the policy. An input that is
         also an initializer (IR < 4) keeps its stored value when not fed."""
@@ -136,6 +142,9 @@ class Program:
         try:
             for i, step in enumerate(self.steps):
                 if known and all(n in known for n in step.node.output if n):
+                    for name in step.node.output:
+                        if name in emitting:  # a pinned value is still a value computed
+                            send(name, env[name])
                     continue
                 self._scope = env
                 operands = [self._operand(env[n], step.ctx) if n else None for n in step.node.input]

@@ -17,7 +17,9 @@ import onnx
 
 from onnx_bisect.backends.protocol import Backend, BackendBase, Tensors, streams
 from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.backends.torch.backend import TorchBackend
 from onnx_bisect.compare.noise import fp32_noise
+from onnx_bisect.engine.oracle.pins import pinned_values
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.extract import with_outputs
 from onnx_bisect.graph.weights import read_model
@@ -123,7 +125,13 @@ def _streamed(
     each value compared with its float64 one as it comes: one value held at a time."""
     packer = _Packer(out_dir)
     start = time.perf_counter()
-    backend.stream(marked, feeds, packer.put)
+    pins = pinned_values(marked)
+    if pins and isinstance(backend, TorchBackend):
+        # Integers as float32 computes them: see ``oracle/pins.py``.
+        pinned = fp32.run(with_outputs(marked, pins), feeds)
+        backend.stream_pinned(marked, feeds, packer.put, pinned)
+    else:
+        backend.stream(marked, feeds, packer.put)
     seconds.append(time.perf_counter() - start)
     packer.close()
     reader = _Reader(packer.placed)
