@@ -240,6 +240,50 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+OUTCOMES = ["quiet", "real finding", "false alarm", "wrong node", "crash", "exit 2/3", "slow"]
+
+
+def _outcome(row: dict[str, str], fault_nodes: dict[str, str], judged: dict[Any, str]) -> str:
+    """The judged outcome of one case: a hand judgment where there is one; otherwise what
+    needs no judgment (a signal, a timeout, exit 2 or 3, a planted fault named exactly)."""
+    key = (row["model"], row["target"])
+    if key in judged:
+        return judged[key]
+    code = row["exit"]
+    if code == "timeout":
+        return "slow"
+    if code.startswith("SIG") or code.lstrip("-").isdigit() and int(code) < 0:
+        return "crash"
+    if code in ("2", "3"):
+        return "exit 2/3"
+    if code == "1" and "{fault_node}" in row["target"]:
+        named = row["root_nodes"].split()
+        return "real finding" if named == [fault_nodes[row["model"]]] else "unjudged"
+    return "quiet" if code == "0" else "unjudged"
+
+
+def table(results: list[str], judged_path: str | None) -> int:
+    fault_nodes = {m["name"]: m.get("fault_node", "") for m in load_manifest()}
+    judged: dict[Any, str] = {}
+    if judged_path:
+        with open(judged_path) as f:
+            judged = {(r["model"], r["target"]): r["outcome"] for r in csv.DictReader(f)}
+    counts: dict[str, dict[str, int]] = {}
+    for path in results:
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                out = _outcome(row, fault_nodes, judged)
+                counts.setdefault(row["target"], {}).setdefault(out, 0)
+                counts[row["target"]][out] += 1
+    cols = OUTCOMES + sorted({o for c in counts.values() for o in c} - set(OUTCOMES))
+    print("| target | runs | " + " | ".join(cols) + " |")
+    print("|---|---|" + "---|" * len(cols))
+    for target, c in counts.items():
+        cells = " | ".join(str(c.get(o, 0)) for o in cols)
+        print(f"| `{target}` | {sum(c.values())} | {cells} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -257,7 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     default_bisect = str(Path(sys.executable).with_name("bisect"))
     r.add_argument("--bisect", default=default_bisect, help="the bisect executable")
     sub.add_parser("list", help="the manifest as a table")
+    t = sub.add_parser("table", help="per-target outcome counts from results.csv files")
+    t.add_argument("results", nargs="+")
+    t.add_argument("--judged", default=None, help="CSV of hand judgments: model,target,outcome")
     args = p.parse_args(argv)
+    if args.cmd == "table":
+        return table(args.results, args.judged)
     if args.cmd == "fetch":
         root = Path(args.dir)
         return fetch(root, Path(args.cache) if args.cache else root / ".wheels", args.only)
