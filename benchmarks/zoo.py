@@ -262,19 +262,33 @@ def _outcome(row: dict[str, str], fault_nodes: dict[str, str], judged: dict[Any,
     return "quiet" if code == "0" else "unjudged"
 
 
-def table(results: list[str], judged_path: str | None) -> int:
+def table(results: list[str], judged_path: str | None, by_model: bool = False) -> int:
     fault_nodes = {m["name"]: m.get("fault_node", "") for m in load_manifest()}
     judged: dict[Any, str] = {}
     if judged_path:
         with open(judged_path) as f:
             judged = {(r["model"], r["target"]): r["outcome"] for r in csv.DictReader(f)}
     counts: dict[str, dict[str, int]] = {}
+    cells: dict[str, dict[str, str]] = {}
     for path in results:
         with open(path) as f:
             for row in csv.DictReader(f):
                 out = _outcome(row, fault_nodes, judged)
                 counts.setdefault(row["target"], {}).setdefault(out, 0)
                 counts[row["target"]][out] += 1
+                shown = out if out != "quiet" else "quiet"
+                if out not in ("quiet", "exit 2/3", "slow", "crash"):
+                    shown = f"{out}: {row['root_kind']} {row['root_nodes'][:48]}".strip()
+                elif out != "quiet":
+                    shown = f"{out} ({row['exit']})"
+                cells.setdefault(row["model"], {})[row["target"]] = shown
+    if by_model:
+        targets = list(counts)
+        print("| model | " + " | ".join(slug(t) for t in targets) + " |")
+        print("|---|" + "---|" * len(targets))
+        for name in [m["name"] for m in load_manifest() if m["name"] in cells]:
+            print(f"| {name} | " + " | ".join(cells[name].get(t, "") for t in targets) + " |")
+        return 0
     cols = OUTCOMES + sorted({o for c in counts.values() for o in c} - set(OUTCOMES))
     print("| target | runs | " + " | ".join(cols) + " |")
     print("|---|---|" + "---|" * len(cols))
@@ -304,9 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("table", help="per-target outcome counts from results.csv files")
     t.add_argument("results", nargs="+")
     t.add_argument("--judged", default=None, help="CSV of hand judgments: model,target,outcome")
+    t.add_argument("--by-model", action="store_true", help="one row per model instead")
     args = p.parse_args(argv)
     if args.cmd == "table":
-        return table(args.results, args.judged)
+        return table(args.results, args.judged, args.by_model)
     if args.cmd == "fetch":
         root = Path(args.dir)
         return fetch(root, Path(args.cache) if args.cache else root / ".wheels", args.only)
