@@ -276,7 +276,7 @@ def table(results: list[str], judged_path: str | None, by_model: bool = False) -
                 out = _outcome(row, fault_nodes, judged)
                 counts.setdefault(row["target"], {}).setdefault(out, 0)
                 counts[row["target"]][out] += 1
-                shown = out if out != "quiet" else "quiet"
+                shown = out
                 if out not in ("quiet", "exit 2/3", "slow", "crash"):
                     shown = f"{out}: {row['root_kind']} {row['root_nodes'][:48]}".strip()
                 elif out != "quiet":
@@ -293,8 +293,8 @@ def table(results: list[str], judged_path: str | None, by_model: bool = False) -
     print("| target | runs | " + " | ".join(cols) + " |")
     print("|---|---|" + "---|" * len(cols))
     for target, c in counts.items():
-        cells = " | ".join(str(c.get(o, 0)) for o in cols)
-        print(f"| `{target}` | {sum(c.values())} | {cells} |")
+        counted = " | ".join(str(c.get(o, 0)) for o in cols)
+        print(f"| `{target}` | {sum(c.values())} | {counted} |")
     return 0
 
 
