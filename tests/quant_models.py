@@ -50,17 +50,65 @@ def detector(seed: int = 0) -> onnx.ModelProto:
     )
 
 
-def convnet(seed: int = 0) -> onnx.ModelProto:
-    """Conv -> Relu -> Conv -> Relu -> Conv: nothing but rounding to lose."""
+HEAD_SHAPE = (1, 3, 16, 16)
+HEAD_CLASSES = 8
+
+
+def yolo_head(seed: int = 0) -> onnx.ModelProto:
+    """YOLOv8's head in small: boxes (Sigmoid × 320, values in [0, 320]) and class scores
+    (the Sigmoid of logits around -8, most scores below 0.005, plus a peak where an input
+    channel is above 0.95, as an object makes: scores near 1 there) joined by one Concat
+    into ``y`` (1, 4 + HEAD_CLASSES, 16, 16). The Sigmoid's own Q/DQ pair, its scale set by
+    the peaks, rounds most scores to 0; the Concat's, set by the boxes, rounds them all."""
     rng = np.random.default_rng(seed)
-    inits = [_w(rng, (8, 3, 3, 3), "W1"), _w(rng, (8, 8, 3, 3), "W2"), _w(rng, (4, 8, 1, 1), "W3")]
+    classes = numpy_helper.from_array(
+        (rng.standard_normal((HEAD_CLASSES, 8, 1, 1)) * 1.2).astype(np.float32), "Wc"
+    )
+    peaks = np.zeros((HEAD_CLASSES, 3, 1, 1), np.float32)
+    peaks[np.arange(HEAD_CLASSES), np.arange(HEAD_CLASSES) % 3] = 200.0
+    inits = [_w(rng, (8, 3, 3, 3), "W1"), _w(rng, (8, 8, 3, 3), "W2"), classes,
+             numpy_helper.from_array(np.full(HEAD_CLASSES, -8.0, np.float32), "Bc"),
+             numpy_helper.from_array(peaks, "Wp"),
+             numpy_helper.from_array(np.full(HEAD_CLASSES, -190.0, np.float32), "Bp"),
+             _w(rng, (4, 8, 1, 1), "Wb"),
+             numpy_helper.from_array(np.array(320.0, np.float32), "k320")]  # fmt: skip
     nodes = [
         helper.make_node("Conv", ["x", "W1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
         helper.make_node("Conv", ["r1", "W2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
-        helper.make_node("Conv", ["r2", "W3"], ["y"], name="conv3"),
+        helper.make_node("Conv", ["r2", "Wc", "Bc"], ["cls_base"], name="cls_conv"),
+        helper.make_node("Conv", ["x", "Wp", "Bp"], ["p_logits"], name="peak_conv"),
+        helper.make_node("Relu", ["p_logits"], ["peak"], name="peak_relu"),
+        helper.make_node("Add", ["cls_base", "peak"], ["cls_logits"], name="cls_add"),
+        helper.make_node("Sigmoid", ["cls_logits"], ["scores"], name="cls_sigmoid"),
+        helper.make_node("Conv", ["r2", "Wb"], ["b_logits"], name="box_conv"),
+        helper.make_node("Sigmoid", ["b_logits"], ["b_unit"], name="box_sigmoid"),
+        helper.make_node("Mul", ["b_unit", "k320"], ["boxes"], name="box_scale"),
+        helper.make_node("Concat", ["boxes", "scores"], ["y"], name="head_concat", axis=1),
     ]
+    return make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(HEAD_SHAPE))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4 + HEAD_CLASSES, 16, 16])],
+        inits,
+    )
+
+
+def convnet(seed: int = 0, layers: int = 2) -> onnx.ModelProto:
+    """``layers`` × (Conv -> Relu), then a 1x1 Conv: nothing but rounding to lose."""
+    rng = np.random.default_rng(seed)
+    inits = [_w(rng, (8, 3, 3, 3), "W1"), _w(rng, (4, 8, 1, 1), f"W{layers + 1}")]
+    inits += [_w(rng, (8, 8, 3, 3), f"W{k}") for k in range(2, layers + 1)]
+    nodes: list[onnx.NodeProto] = []
+    x = "x"
+    for k in range(1, layers + 1):
+        nodes += [
+            helper.make_node("Conv", [x, f"W{k}"], [f"c{k}"], name=f"conv{k}", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", [f"c{k}"], [f"r{k}"], name=f"relu{k}"),
+        ]
+        x = f"r{k}"
+    nodes.append(helper.make_node("Conv", [x, f"W{layers + 1}"], ["y"], name=f"conv{layers + 1}"))
     return make(
         nodes,
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(DETECTOR_SHAPE))],
