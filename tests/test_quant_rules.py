@@ -102,15 +102,29 @@ def test_the_yolo_head_answer_holds_when_the_user_requantizes_with_it(tmp_path: 
     both. Re-quantized with the printed list and the same calibration, top-1 class agreement
     is restored, and the tool's own (patched-model) verification agrees with it."""
     src, dst = qm.quantized(qm.yolo_head(), tmp_path, "qdq")
+    calibration = tmp_path / "calibration.npz"  # the inputs qm.quantized calibrated on
+    np.savez(calibration, x=np.concatenate([c["x"] for c in qm.calibration("x", qm.HEAD_SHAPE)]))
     out = tmp_path / "out"
     result = CliRunner().invoke(
         bisect_app,
         [str(src), "--target-model", str(dst), "--target", "cpu", "--topk", "1:y@1[4:]",
-         "--out", str(out), "--format", "json"],
+         "--calibration", str(calibration), "--out", str(out), "--format", "json"],
     )  # fmt: skip
     assert result.exit_code == 1, result.output
     keep = json.loads((out / "report.json").read_text())["quantization"]["keep_in_float"]
     assert sorted(keep["nodes"]) == ["cls_sigmoid", "head_concat"] and keep["verified"]
+    # Verified by onnxruntime's quantizer on the same calibration: it computes what the
+    # patched model did, the target's loss without the set and its recovery with it.
+    assert keep["verified_by"] == "requantized"
+    assert keep["requantized"] == {"before": keep["before"], "after": keep["after"]}
+    assert keep["kind"] == "nodes_to_exclude"
+    assert keep["call"] == (
+        "quantize_static(model_input, model_output, calibration_data_reader, "
+        f"nodes_to_exclude={keep['nodes']!r}, quant_format=QuantFormat.QDQ, "
+        "activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=False, "
+        "reduce_range=False)"
+    )
+    assert f"paste: {keep['call']}" in result.output
     printed = re.search(r"nodes_to_exclude=(\[[^\]]*\])", result.output)
     assert printed is not None
     exclude = json.loads(printed.group(1).replace("'", '"'))
@@ -121,3 +135,54 @@ def test_the_yolo_head_answer_holds_when_the_user_requantizes_with_it(tmp_path: 
     surgical = _agreement(out / "repro" / "keep_in_float.onnx", src)
     assert requantized >= 0.7
     assert abs(surgical - requantized) <= 0.05
+
+
+@pytest.mark.parametrize(
+    ("form", "activation", "weight", "call"),
+    [
+        ("qdq", "QUInt8", "QInt8", "quant_format=QuantFormat.QDQ, activation_type="
+         "QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=False, reduce_range=False"),
+        ("qdq-per-channel", "QInt16", "QInt8", "quant_format=QuantFormat.QDQ, activation_type="
+         "QuantType.QInt16, weight_type=QuantType.QInt8, per_channel=True, reduce_range=False"),
+        ("qoperator", "QUInt8", "QUInt8", "quant_format=QuantFormat.QOperator, activation_type="
+         "QuantType.QUInt8, weight_type=QuantType.QUInt8, per_channel=False, "
+         "reduce_range=False"),
+        ("dynamic", "QUInt8", "QInt8", "weight_type=QuantType.QInt8, per_channel=False, "
+         "reduce_range=False"),
+    ],
+)  # fmt: skip
+def test_the_quantizer_settings_are_read_from_the_int8_model(
+    tmp_path: Path, form: str, activation: str, weight: str, call: str
+) -> None:
+    from onnx_bisect.graph.quant_settings import read_settings
+
+    _, dst = qm.quantized(qm.detector(), tmp_path, form, activation, weight)
+    settings = read_settings(onnx.load(str(dst)))
+    head = (
+        "quantize_dynamic(model_input, model_output"
+        if form == "dynamic"
+        else ("quantize_static(model_input, model_output, calibration_data_reader")
+    )
+    assert settings.call(["n1"]) == f"{head}, nodes_to_exclude=['n1'], {call})"
+
+
+def test_symmetric_activations_and_reduced_range_are_read_too(tmp_path: Path) -> None:
+    from onnx_bisect.graph.quant_settings import read_settings
+
+    _, dst = qm.quantized(qm.detector(), tmp_path, "qdq", "QInt8", "QInt8", reduce_range=True,
+                          extra_options={"ActivationSymmetric": True})  # fmt: skip
+    s = read_settings(onnx.load(str(dst)))
+    assert (s.activation_type, s.activation_symmetric, s.reduce_range) == ("QInt8", True, True)
+    assert "extra_options={'ActivationSymmetric': True}" in s.call([])
+
+
+def test_calibration_is_for_a_quantized_target_model(tmp_path: Path) -> None:
+    src, _ = qm.quantized(qm.detector(), tmp_path, "dynamic")
+    result = CliRunner().invoke(
+        bisect_app, [str(src), "--target", "cpu", "--calibration", str(tmp_path)]
+    )
+    assert result.exit_code == 2
+    assert (
+        "--calibration applies only to a quantized --target-model (its float model is "
+        "quantized again on these inputs)" in result.output
+    )

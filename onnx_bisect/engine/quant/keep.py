@@ -19,6 +19,7 @@ from onnx_bisect.compare.quant import channel_rel_l2, mean_channel_rel_l2
 from onnx_bisect.compare.topk import topk_checks
 from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.passes.search import find_guilty
+from onnx_bisect.engine.quant.verify import requantized
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.qdq_plan import QDQPlan
@@ -110,15 +111,17 @@ def search_keep_in_float(
     measure, goal_text = _goal(session, ref_out)
 
     def run(keep: Collection[str]) -> float:
-        model = patch(keep)
+        return measured(patch(keep), f"{len(keep)} node(s) in float")
+
+    def measured(model: onnx.ModelProto, what: str) -> float:
         try:
             out = timed_run(session.target, model, session.feeds, "target", session.stats)
         except BackendError as exc:
-            log.info("keeping %s in float failed: %s", sorted(keep), exc)
+            log.info("%s failed: %s", what, exc)
             return float("inf")
         value = measure(_by_reference_names(ref_model, target, out))
         value = value if value == value else float("inf")  # NaN: far from the goal
-        log.info("%d node(s) in float: %s %.4g", len(keep), goal_text, value)
+        log.info("%s: %s %.4g", what, goal_text, value)
         return value
 
     goal = session.options.quant_goal
@@ -152,6 +155,9 @@ def search_keep_in_float(
     found = KeepInFloat(
         keep, goal_text, before, after, after <= trials.limit, trials.runs, path, note
     )
+    if keep:
+        with session.timer.stage("re-quantize"):
+            found = requantized(session, target, found, trials.limit, measured)
     return found, sensitivity
 
 
