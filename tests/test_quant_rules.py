@@ -186,3 +186,26 @@ def test_calibration_is_for_a_quantized_target_model(tmp_path: Path) -> None:
         "--calibration applies only to a quantized --target-model (its float model is "
         "quantized again on these inputs)" in result.output
     )
+
+
+def test_a_constant_quantized_as_an_activation_is_no_weight(tmp_path: Path) -> None:
+    """A Mul's constant gets the activation type (uint8) from the quantizer, and its
+    DequantizeLinear comes first (its name sorts first, as YOLOv8n's folded constants do):
+    the weight type is still the Conv weight's (int8)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnx_bisect.graph.quant_settings import read_settings
+    from tests.models import make
+
+    w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    model = make(
+        [helper.make_node("Mul", ["x", "K"], ["m"], name="scale"),
+         helper.make_node("Conv", ["m", "W"], ["y"], name="conv", pads=[1, 1, 1, 1])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(qm.DETECTOR_SHAPE))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])],
+        [numpy_helper.from_array(np.array(2.0, np.float32), "K"),
+         numpy_helper.from_array(w, "W")],
+    )  # fmt: skip
+    _, dst = qm.quantized(model, tmp_path, "qdq")
+    settings = read_settings(onnx.load(str(dst)))
+    assert (settings.activation_type, settings.weight_type) == ("QUInt8", "QInt8")

@@ -25,6 +25,7 @@ _TYPES: dict[int, str] = {
 }
 _QOPERATOR_WEIGHT = {"QLinearConv": 3, "QLinearMatMul": 3, "QGemm": 3}
 _DYNAMIC_KERNELS = frozenset({"MatMulInteger", "ConvInteger"})
+_WEIGHT_READERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 
 @dataclass(frozen=True)
@@ -106,14 +107,17 @@ def read_settings(model: onnx.ModelProto) -> QuantSettings:
                 activations.append(inits[n.input[2]])
     else:
         form = "QDQ"
+        # A weight is what a Conv, Gemm or MatMul reads past its first input: the quantizer
+        # gives another op's constant (a Mul's factor) the activation type.
+        weighted = {i for n in g.node if n.op_type in _WEIGHT_READERS for i in n.input[1:2]}
         for n in g.node:
             if len(n.input) < 3 or n.input[2] not in inits:
                 continue
             if n.op_type == "QuantizeLinear" and n.input[0] not in inits:
                 activations.append(inits[n.input[2]])
-            elif n.op_type == "DequantizeLinear" and n.input[0] in inits:
-                q = inits[n.input[0]]
-                if q.data_type != onnx.TensorProto.INT32:  # a bias
+            elif n.op_type == "DequantizeLinear" and n.output[0] in weighted:
+                q = inits.get(n.input[0])
+                if q is not None and q.data_type != onnx.TensorProto.INT32:  # not a bias
                     weights.append((inits.get(n.input[1]), inits[n.input[2]], q))
     return _settings(form, activations, weights)
 
