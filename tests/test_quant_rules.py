@@ -31,11 +31,11 @@ def _run(model: onnx.ModelProto | Path, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _requantized(src: Path, tmp: Path, exclude: list[str]) -> Path:
-    """``src`` quantized again (QDQ, as ``qm.quantized`` did it) with ``exclude`` left out."""
+def _requantized(src: Path, tmp: Path, exclude: list[str], form: str = "qdq") -> Path:
+    """``src`` quantized again (as ``qm.quantized`` did it) with ``exclude`` left out."""
     folder = tmp / f"re{len(list(tmp.glob('re*')))}"
     folder.mkdir()
-    _, dst = qm.quantized(onnx.load(str(src)), folder, "qdq", nodes_to_exclude=exclude)
+    _, dst = qm.quantized(onnx.load(str(src)), folder, form, nodes_to_exclude=exclude)
     return dst
 
 
@@ -96,12 +96,16 @@ def _agreement(model: onnx.ModelProto | Path, src: Path) -> float:
 
 
 @pytest.mark.slow
-def test_the_yolo_head_answer_holds_when_the_user_requantizes_with_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("form", "quant_format"), [("qdq", "QDQ"), ("qoperator", "QOperator")])
+def test_the_yolo_head_answer_holds_when_the_user_requantizes_with_it(
+    tmp_path: Path, form: str, quant_format: str
+) -> None:
     """A Sigmoid's scores and 0-320 boxes joined by one Concat: excluding the Concat alone
     leaves the Sigmoid's own pair, which rounds most scores to 0, so the answer must name
     both. Re-quantized with the printed list and the same calibration, top-1 class agreement
-    is restored, and the tool's own (patched-model) verification agrees with it."""
-    src, dst = qm.quantized(qm.yolo_head(), tmp_path, "qdq")
+    is restored, and the tool's own (patched-model) verification agrees with it. QOperator's
+    QLinearSigmoid writes integers at its own scale: the same answer."""
+    src, dst = qm.quantized(qm.yolo_head(), tmp_path, form)
     calibration = tmp_path / "calibration.npz"  # the inputs qm.quantized calibrated on
     np.savez(calibration, x=np.concatenate([c["x"] for c in qm.calibration("x", qm.HEAD_SHAPE)]))
     out = tmp_path / "out"
@@ -120,7 +124,7 @@ def test_the_yolo_head_answer_holds_when_the_user_requantizes_with_it(tmp_path: 
     assert keep["kind"] == "nodes_to_exclude"
     assert keep["call"] == (
         "quantize_static(model_input, model_output, calibration_data_reader, "
-        f"nodes_to_exclude={keep['nodes']!r}, quant_format=QuantFormat.QDQ, "
+        f"nodes_to_exclude={keep['nodes']!r}, quant_format=QuantFormat.{quant_format}, "
         "activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=False, "
         "reduce_range=False)"
     )
@@ -130,8 +134,8 @@ def test_the_yolo_head_answer_holds_when_the_user_requantizes_with_it(tmp_path: 
     exclude = json.loads(printed.group(1).replace("'", '"'))
     assert _agreement(dst, src) < 0.2  # the quantized model as it is
     # The Concat alone, as the tool answered before it followed the quantizer's rules.
-    assert _agreement(_requantized(src, tmp_path, ["head_concat"]), src) < 0.3
-    requantized = _agreement(_requantized(src, tmp_path, exclude), src)
+    assert _agreement(_requantized(src, tmp_path, ["head_concat"], form), src) < 0.3
+    requantized = _agreement(_requantized(src, tmp_path, exclude, form), src)
     surgical = _agreement(out / "repro" / "keep_in_float.onnx", src)
     assert requantized >= 0.7
     assert abs(surgical - requantized) <= 0.05
