@@ -201,3 +201,50 @@ def quantized(
         **kwargs,  # type: ignore[arg-type]
     )
     return src, dst
+
+
+MLP_SHAPE = (1, 32, 64)
+
+
+def outlier_mlp(seed: int = 0, d: int = 64, hidden: int = 128, vocab: int = 50) -> onnx.ModelProto:
+    """A decoder MLP and its LM head: ``x * S -> up -> Relu -> down -> + x -> lm_head``, with
+    one outlier input channel of ``up``'s weight (row 7 × 30) that the norm's ``S`` (1/30
+    there) cancels, as an LLM's folded norm leaves one: in float nothing stands out, but int4
+    blocks holding that row get its scale, and their other 31 rows round to 0."""
+    rng = np.random.default_rng(seed)
+    up = (rng.standard_normal((d, hidden)) / np.sqrt(d)).astype(np.float32)
+    up[7, :] *= 30.0
+    norm = np.ones(d, np.float32)
+    norm[7] = 1 / 30.0
+    inits = [numpy_helper.from_array(norm, "S"), numpy_helper.from_array(up, "W_up"),
+             _w(rng, (hidden, d), "W_down"), _w(rng, (d, vocab), "W_head")]  # fmt: skip
+    nodes = [
+        helper.make_node("Mul", ["x", "S"], ["xs"], name="norm"),
+        helper.make_node("MatMul", ["xs", "W_up"], ["h"], name="up"),
+        helper.make_node("Relu", ["h"], ["r"], name="act"),
+        helper.make_node("MatMul", ["r", "W_down"], ["m"], name="down"),
+        helper.make_node("Add", ["x", "m"], ["s"], name="residual"),
+        helper.make_node("MatMul", ["s", "W_head"], ["logits"], name="lm_head"),
+    ]
+    return make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(MLP_SHAPE))],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, MLP_SHAPE[1], vocab])],
+        inits,
+    )
+
+
+def int4(model: onnx.ModelProto, tmp: Path, exclude: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """The float model and its weight-only int4 copy (MatMulNBitsQuantizer, block 32,
+    symmetric, RTN), ``exclude`` left in float."""
+    import copy
+
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    src, dst = tmp / "float.onnx", tmp / "int4.onnx"
+    onnx.save(model, str(src))
+    q = MatMulNBitsQuantizer(copy.deepcopy(model), block_size=32, is_symmetric=True,
+                             nodes_to_exclude=list(exclude))  # fmt: skip
+    q.process()
+    q.model.save_model_to_file(str(dst))
+    return src, dst

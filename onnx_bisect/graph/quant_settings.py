@@ -30,7 +30,9 @@ _WEIGHT_READERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 @dataclass(frozen=True)
 class QuantSettings:
-    """``form``: ``QDQ``, ``QOperator`` or ``dynamic``; types as ``QuantType`` names."""
+    """``form``: ``QDQ``, ``QOperator``, ``dynamic`` or ``nbits`` (weight-only, onnxruntime's
+    MatMulNBitsQuantizer: ``bits``, ``block_size``, ``weight_symmetric``,
+    ``accuracy_level``); types as ``QuantType`` names."""
 
     form: str
     activation_type: str
@@ -38,10 +40,19 @@ class QuantSettings:
     per_channel: bool
     activation_symmetric: bool
     reduce_range: bool
+    bits: int = 0
+    block_size: int = 0
+    weight_symmetric: bool = False
+    accuracy_level: int | None = None
 
     @property
     def dynamic(self) -> bool:
         return self.form == "dynamic"
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether quantizing again needs calibration inputs (static quantization)."""
+        return self.form in ("QDQ", "QOperator")
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments by name (values as text: ``QuantType.QInt8``), nodes apart."""
@@ -58,6 +69,12 @@ class QuantSettings:
 
     def call(self, nodes: Sequence[str]) -> str:
         """The call to paste: the float model quantized again with ``nodes`` excluded."""
+        if self.form == "nbits":
+            return (
+                f"MatMulNBitsQuantizer(model, bits={self.bits}, block_size={self.block_size}, "
+                f"is_symmetric={self.weight_symmetric}, accuracy_level={self.accuracy_level}, "
+                f"nodes_to_exclude={list(nodes)!r}).process()"
+            )
         head = (
             "quantize_dynamic(model_input, model_output"
             if self.dynamic
@@ -69,6 +86,14 @@ class QuantSettings:
         return f"{head}, {', '.join(args)})"
 
     def to_dict(self) -> dict[str, Any]:
+        if self.form == "nbits":
+            return {
+                "format": self.form,
+                "bits": self.bits,
+                "block_size": self.block_size,
+                "is_symmetric": self.weight_symmetric,
+                "accuracy_level": self.accuracy_level,
+            }
         return {
             "format": self.form,
             "activation_type": None if self.dynamic else self.activation_type,
@@ -89,6 +114,8 @@ def read_settings(model: onnx.ModelProto) -> QuantSettings:
     ops = {n.op_type for n in g.node}
     activations: list[onnx.TensorProto] = []
     weights: list[tuple[onnx.TensorProto | None, onnx.TensorProto | None, onnx.TensorProto]] = []
+    if "MatMulNBits" in ops:
+        return _nbits(next(n for n in g.node if n.op_type == "MatMulNBits"))
     if "DynamicQuantizeLinear" in ops or ops & _DYNAMIC_KERNELS:
         form = "dynamic"
         for n in g.node:
@@ -138,6 +165,19 @@ def _settings(
                 for _, _, w in weights)
     )  # fmt: skip
     return QuantSettings(form, act, wt, per_channel, symmetric, reduce_range)
+
+
+def _nbits(node: onnx.NodeProto) -> QuantSettings:
+    """A weight-only model's settings, from its first MatMulNBits: an asymmetric one has
+    zero points (its fourth input)."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    bits = int(attrs.get("bits", 4))
+    symmetric = not (len(node.input) > 3 and node.input[3])
+    level = attrs.get("accuracy_level")
+    return QuantSettings(
+        "nbits", "", f"QInt{bits}", False, False, False, bits, int(attrs.get("block_size", 0)),
+        symmetric, int(level) if level is not None else None,
+    )  # fmt: skip
 
 
 def _middle(zp: onnx.TensorProto) -> bool:

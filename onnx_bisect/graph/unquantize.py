@@ -33,7 +33,8 @@ def is_qdq(model: LoadedModel) -> bool:
     (QLinearConv, MatMulInteger, ...) whose float form this module could not restore."""
     return not any(
         n.op_type.startswith("QLinear")
-        or n.op_type in ("QGemm", "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear")
+        or n.op_type
+        in ("QGemm", "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear", "MatMulNBits")
         for n in model.nodes
     )
 

@@ -54,7 +54,7 @@ class Requantizer:
         self.float_path, self.settings, self.scratch = float_path, settings, scratch
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.inputs: Path | None = None
-        if calibration is not None and not settings.dynamic:
+        if calibration is not None and settings.calibrated:
             self.inputs = _calibration_file(float_path, calibration, scratch)
         self.runs = 0
 
@@ -110,6 +110,17 @@ def _child(job: dict[str, Any]) -> None:
     )
 
     s = job["settings"]
+    if s["format"] == "nbits":
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        q = MatMulNBitsQuantizer(
+            onnx.load(job["float"]), bits=s["bits"], block_size=s["block_size"],
+            is_symmetric=s["is_symmetric"], accuracy_level=s["accuracy_level"],
+            nodes_to_exclude=job["nodes"],
+        )  # fmt: skip
+        q.process()
+        q.model.save_model_to_file(job["out"])
+        return
     common: dict[str, Any] = {
         "weight_type": QuantType[s["weight_type"]],
         "per_channel": s["per_channel"],

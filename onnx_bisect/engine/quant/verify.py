@@ -38,7 +38,7 @@ def requantized(
     settings = read_settings(target.model)
     found = replace(found, call=settings.call(found.nodes), settings=settings.to_dict())
     calibration = session.options.calibration
-    if calibration is None and not settings.dynamic:
+    if calibration is None and settings.calibrated:
         return found
     ref = session.loaded
     path = ref.path if ref.path is not None and ref.path.is_file() else None
