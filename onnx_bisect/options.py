@@ -93,6 +93,10 @@ class BisectOptions:
     # ``topk``) the keep-in-float search must reach; None: recover most of the loss
     # quantization causes with a few nodes (engine/quant/keep.py).
     quant_goal: float | None = None
+    # A quantized target model's calibration inputs (a directory, a glob or one .npz split
+    # in rows, as ``dataset`` reads them): the float model is quantized again with them and
+    # the int8 model's settings to verify the keep-in-float set (engine/quant/verify.py).
+    calibration: str | os.PathLike[str] | None = None
     unroll_max: int = 64
     # After a divergence: which optimizer passes of the target cause it (auto: divergences
     # only; on: failures too; off: never), and the pass names of an exec: runtime.
@@ -135,6 +139,7 @@ class BisectOptions:
         _flag("isolate_crashes", self.isolate_crashes, optional=True)
         self.topk_specs()
         _number("quant_goal", self.quant_goal, positive=True, optional=True)
+        self._check_calibration()
         _whole("unroll_max", self.unroll_max, low=0)
         _choice("bisect_passes", self.bisect_passes, PASS_MODES)
         if self.target_precision is not None:
@@ -195,6 +200,27 @@ class BisectOptions:
                     "floor), not to a fixed threshold or atol/rtol",
                     option=name,
                 )
+
+    def _check_calibration(self) -> None:
+        if self.calibration is None:
+            return
+        if self.target_model is None:
+            raise InputError(
+                "calibration applies only to a quantized --target-model (its float model is "
+                "quantized again on these inputs)",
+                option="calibration",
+            )
+        if not isinstance(self.calibration, str | os.PathLike):
+            raise InputError(
+                f"calibration must be a path, got {self.calibration!r}", option="calibration"
+            )
+        from onnx_bisect.inputs.dataset import find_dataset
+
+        try:
+            find_dataset(self.calibration)  # names inputs, or says why not
+        except InputError as exc:
+            text = str(exc).removeprefix("dataset ")
+            raise InputError(f"calibration {text}", option="calibration") from None
 
     def _check_dataset(self) -> None:
         """The dataset's options mean nothing without one; with one, the inputs are its own."""

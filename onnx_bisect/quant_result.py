@@ -58,8 +58,12 @@ class Sensitivity:
 
 @dataclass(frozen=True)
 class KeepInFloat:
-    """The smallest set of nodes to keep in float that meets the goal, verified by a run of
-    the patched model: ``before``/``after`` are the goal's number (worst output error)."""
+    """The smallest set of nodes to keep in float that meets the goal: ``before``/``after``
+    are the goal's number on the target and on the target patched as the quantizer would
+    write it with the set excluded (``graph/unquantize.py``, ``graph/refloat.py``);
+    ``requantized``, when the float model was quantized again (``--calibration``, or a
+    dynamic model), the same two numbers on onnxruntime's own models, without and with the
+    set excluded, which then decide ``verified``. ``call``: the quantizer call to paste."""
 
     nodes: tuple[str, ...]
     goal: str
@@ -69,6 +73,14 @@ class KeepInFloat:
     runs: int
     model_path: str = ""
     note: str = ""
+    requantized: tuple[float, float] | None = None
+    call: str = ""
+    settings: dict[str, Any] | None = None
+
+    @property
+    def verified_by(self) -> str:
+        """What ran the answer: ``requantized`` (onnxruntime's quantizer) or ``surgery``."""
+        return "requantized" if self.requantized is not None else "surgery"
 
     @property
     def within(self) -> bool:
@@ -80,17 +92,46 @@ class KeepInFloat:
         return "nodes_to_exclude=[" + ", ".join(repr(n) for n in self.nodes) + "]"
 
     def to_dict(self) -> dict[str, Any]:
+        requantized = None
+        if self.requantized is not None:
+            requantized = {"before": self.requantized[0], "after": self.requantized[1]}
         return {
             "nodes": list(self.nodes),
+            "kind": "nodes_to_exclude",
             "nodes_to_exclude": list(self.nodes),
             "goal": self.goal,
             "before": self.before,
             "after": self.after,
             "verified": self.verified,
+            "verified_by": self.verified_by,
+            "surgery": {"before": self.before, "after": self.after},
+            "requantized": requantized,
+            "call": self.call or None,
+            "settings": self.settings,
             "runs": self.runs,
             "model": self.model_path or None,
             "note": self.note or None,
         }
+
+    def lines(self) -> list[str]:
+        """The answer, what verified it, and the call to paste."""
+        out: list[str] = []
+        if self.nodes:
+            state = "verified" if self.verified else "NOT verified"
+            by = "by re-quantizing" if self.requantized is not None else "on the patched model"
+            measured = f"{fmt(self.before)} -> {fmt(self.after)}"
+            if self.requantized is not None:
+                b, a = self.requantized
+                measured = f"{fmt(b)} -> {fmt(a)} re-quantized ({measured} patched)"
+            out.append(
+                f"keep in float ({state} {by}, {self.runs} runs): {self.nodes_to_exclude}; "
+                f"{self.goal}: {measured}"
+            )
+            if self.call:
+                out.append(f"paste: {self.call}")
+        if self.note:
+            out.append(self.note)
+        return out
 
 
 @dataclass(frozen=True)
@@ -120,15 +161,7 @@ class QuantReport:
         """What the terminal and report.md say first: the answer, then what stands out."""
         out: list[str] = []
         if self.keep is not None:
-            k = self.keep
-            if k.nodes:
-                state = "verified" if k.verified else "NOT verified"
-                out.append(
-                    f"keep in float ({state}, {k.runs} runs): {k.nodes_to_exclude}; "
-                    f"{k.goal}: {fmt(k.before)} -> {fmt(k.after)}"
-                )
-            if k.note:
-                out.append(k.note)
+            out += self.keep.lines()
         kinds = Counter(r.kind.value for r in self.rows)
         if self.rows:
             out.append(

@@ -50,17 +50,65 @@ def detector(seed: int = 0) -> onnx.ModelProto:
     )
 
 
-def convnet(seed: int = 0) -> onnx.ModelProto:
-    """Conv -> Relu -> Conv -> Relu -> Conv: nothing but rounding to lose."""
+HEAD_SHAPE = (1, 3, 16, 16)
+HEAD_CLASSES = 8
+
+
+def yolo_head(seed: int = 0) -> onnx.ModelProto:
+    """YOLOv8's head in small: boxes (Sigmoid × 320, values in [0, 320]) and class scores
+    (the Sigmoid of logits around -8, most scores below 0.005, plus a peak where an input
+    channel is above 0.95, as an object makes: scores near 1 there) joined by one Concat
+    into ``y`` (1, 4 + HEAD_CLASSES, 16, 16). The Sigmoid's own Q/DQ pair, its scale set by
+    the peaks, rounds most scores to 0; the Concat's, set by the boxes, rounds them all."""
     rng = np.random.default_rng(seed)
-    inits = [_w(rng, (8, 3, 3, 3), "W1"), _w(rng, (8, 8, 3, 3), "W2"), _w(rng, (4, 8, 1, 1), "W3")]
+    classes = numpy_helper.from_array(
+        (rng.standard_normal((HEAD_CLASSES, 8, 1, 1)) * 1.2).astype(np.float32), "Wc"
+    )
+    peaks = np.zeros((HEAD_CLASSES, 3, 1, 1), np.float32)
+    peaks[np.arange(HEAD_CLASSES), np.arange(HEAD_CLASSES) % 3] = 200.0
+    inits = [_w(rng, (8, 3, 3, 3), "W1"), _w(rng, (8, 8, 3, 3), "W2"), classes,
+             numpy_helper.from_array(np.full(HEAD_CLASSES, -8.0, np.float32), "Bc"),
+             numpy_helper.from_array(peaks, "Wp"),
+             numpy_helper.from_array(np.full(HEAD_CLASSES, -190.0, np.float32), "Bp"),
+             _w(rng, (4, 8, 1, 1), "Wb"),
+             numpy_helper.from_array(np.array(320.0, np.float32), "k320")]  # fmt: skip
     nodes = [
         helper.make_node("Conv", ["x", "W1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
         helper.make_node("Conv", ["r1", "W2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
-        helper.make_node("Conv", ["r2", "W3"], ["y"], name="conv3"),
+        helper.make_node("Conv", ["r2", "Wc", "Bc"], ["cls_base"], name="cls_conv"),
+        helper.make_node("Conv", ["x", "Wp", "Bp"], ["p_logits"], name="peak_conv"),
+        helper.make_node("Relu", ["p_logits"], ["peak"], name="peak_relu"),
+        helper.make_node("Add", ["cls_base", "peak"], ["cls_logits"], name="cls_add"),
+        helper.make_node("Sigmoid", ["cls_logits"], ["scores"], name="cls_sigmoid"),
+        helper.make_node("Conv", ["r2", "Wb"], ["b_logits"], name="box_conv"),
+        helper.make_node("Sigmoid", ["b_logits"], ["b_unit"], name="box_sigmoid"),
+        helper.make_node("Mul", ["b_unit", "k320"], ["boxes"], name="box_scale"),
+        helper.make_node("Concat", ["boxes", "scores"], ["y"], name="head_concat", axis=1),
     ]
+    return make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(HEAD_SHAPE))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4 + HEAD_CLASSES, 16, 16])],
+        inits,
+    )
+
+
+def convnet(seed: int = 0, layers: int = 2) -> onnx.ModelProto:
+    """``layers`` × (Conv -> Relu), then a 1x1 Conv: nothing but rounding to lose."""
+    rng = np.random.default_rng(seed)
+    inits = [_w(rng, (8, 3, 3, 3), "W1"), _w(rng, (4, 8, 1, 1), f"W{layers + 1}")]
+    inits += [_w(rng, (8, 8, 3, 3), f"W{k}") for k in range(2, layers + 1)]
+    nodes: list[onnx.NodeProto] = []
+    x = "x"
+    for k in range(1, layers + 1):
+        nodes += [
+            helper.make_node("Conv", [x, f"W{k}"], [f"c{k}"], name=f"conv{k}", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", [f"c{k}"], [f"r{k}"], name=f"relu{k}"),
+        ]
+        x = f"r{k}"
+    nodes.append(helper.make_node("Conv", [x, f"W{layers + 1}"], ["y"], name=f"conv{layers + 1}"))
     return make(
         nodes,
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(DETECTOR_SHAPE))],
@@ -152,4 +200,51 @@ def quantized(
         weight_type=QuantType[weight],
         **kwargs,  # type: ignore[arg-type]
     )
+    return src, dst
+
+
+MLP_SHAPE = (1, 32, 64)
+
+
+def outlier_mlp(seed: int = 0, d: int = 64, hidden: int = 128, vocab: int = 50) -> onnx.ModelProto:
+    """A decoder MLP and its LM head: ``x * S -> up -> Relu -> down -> + x -> lm_head``, with
+    one outlier input channel of ``up``'s weight (row 7 × 30) that the norm's ``S`` (1/30
+    there) cancels, as an LLM's folded norm leaves one: in float nothing stands out, but int4
+    blocks holding that row get its scale, and their other 31 rows round to 0."""
+    rng = np.random.default_rng(seed)
+    up = (rng.standard_normal((d, hidden)) / np.sqrt(d)).astype(np.float32)
+    up[7, :] *= 30.0
+    norm = np.ones(d, np.float32)
+    norm[7] = 1 / 30.0
+    inits = [numpy_helper.from_array(norm, "S"), numpy_helper.from_array(up, "W_up"),
+             _w(rng, (hidden, d), "W_down"), _w(rng, (d, vocab), "W_head")]  # fmt: skip
+    nodes = [
+        helper.make_node("Mul", ["x", "S"], ["xs"], name="norm"),
+        helper.make_node("MatMul", ["xs", "W_up"], ["h"], name="up"),
+        helper.make_node("Relu", ["h"], ["r"], name="act"),
+        helper.make_node("MatMul", ["r", "W_down"], ["m"], name="down"),
+        helper.make_node("Add", ["x", "m"], ["s"], name="residual"),
+        helper.make_node("MatMul", ["s", "W_head"], ["logits"], name="lm_head"),
+    ]
+    return make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(MLP_SHAPE))],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, MLP_SHAPE[1], vocab])],
+        inits,
+    )
+
+
+def int4(model: onnx.ModelProto, tmp: Path, exclude: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """The float model and its weight-only int4 copy (MatMulNBitsQuantizer, block 32,
+    symmetric, RTN), ``exclude`` left in float."""
+    import copy
+
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    src, dst = tmp / "float.onnx", tmp / "int4.onnx"
+    onnx.save(model, str(src))
+    q = MatMulNBitsQuantizer(copy.deepcopy(model), block_size=32, is_symmetric=True,
+                             nodes_to_exclude=list(exclude))  # fmt: skip
+    q.process()
+    q.model.save_model_to_file(str(dst))
     return src, dst

@@ -161,7 +161,8 @@ def test_a_concat_of_a_unit_and_a_wide_branch_is_kept_in_float(tmp_path: Path) -
 
 
 def test_rounding_alone_is_within_quantization_error(tmp_path: Path) -> None:
-    src, dst = qm.quantized(qm.convnet(), tmp_path, "qdq")
+    # Eight layers: a handful of nodes kept in float recovers little of what every one loses.
+    src, dst = qm.quantized(qm.convnet(seed=3, layers=8), tmp_path, "qdq")
     code, report, _ = _bisect(src, dst, tmp_path / "out")
     assert code == 1
     assert not [n for n in report["nodes"] if n["verdict"] == "culprit"]  # type: ignore[union-attr]

@@ -140,6 +140,13 @@ def test_a_dynamic_blocks_sensitive_matmul_is_named_by_its_float_name(tmp_path: 
     assert keep["after"] <= 0.03 < keep["before"]
     assert report["quantization"]["sensitivity"][0]["node"] == "o_proj"
     assert "nodes_to_exclude=['o_proj']" in output
+    # A dynamic model needs no calibration: onnxruntime's quantize_dynamic verifies the set.
+    assert keep["verified_by"] == "requantized"
+    assert keep["requantized"]["after"] == pytest.approx(keep["after"], rel=1e-4)
+    assert keep["call"] == (
+        "quantize_dynamic(model_input, model_output, nodes_to_exclude=['o_proj'], "
+        "weight_type=QuantType.QInt8, per_channel=False, reduce_range=False)"
+    )
     again = tmp_path / "again"
     again.mkdir()
     _, redone = qm.quantized(_sensitive_block(), again, "dynamic", nodes_to_exclude=["o_proj"])

@@ -30,6 +30,7 @@ from onnx_bisect.cli.params import (
     BundleRefOpt,
     BundleTargetOpt,
     BundleThresholdOpt,
+    CalibrationOpt,
     ChunksOpt,
     DatasetOpt,
     DebugOpt,
@@ -129,6 +130,7 @@ def run_command(
     passes: PassesOpt = "",
     topk: TopKOpt = None,
     quant_goal: QuantGoalOpt = DEFAULTS.quant_goal,
+    calibration: CalibrationOpt = None,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", metavar="DIR", help="Write reports here.")
     ] = None,
@@ -192,6 +194,7 @@ def run_command(
             always_scan=always_scan,
             topk=topk or (),
             quant_goal=quant_goal,
+            calibration=calibration,
             repro=staged.bundle if repro else None,
             command=command,
             progress=progress,

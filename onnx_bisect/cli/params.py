@@ -65,6 +65,7 @@ __all__ = [
     "UnrollMaxOpt",
     "TopKOpt",
     "QuantGoalOpt",
+    "CalibrationOpt",
     "ValueOpt",
     "VerboseOpt",
     "VersionOpt",
@@ -105,6 +106,7 @@ FLAGS = {
     "target_precision": "--target-precision",
     "topk": "--topk",
     "quant_goal": "--quant-goal",
+    "calibration": "--calibration",
     "unroll_max": "--unroll-max",
     "bisect_passes": "--bisect-passes",
     "passes": "--passes",
@@ -503,6 +505,15 @@ QuantGoalOpt = Annotated[
         help="Quantized --target-model: the keep-in-float search's goal, the worst output "
         "channel's rel_l2 (with --topk: 1 - top-1 agreement) to reach. Default: the few "
         "nodes that recover 80% of the loss quantization causes.",
+    ),
+]
+CalibrationOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="DIR|FILE.npz",
+        help="Quantized --target-model: its calibration inputs (a directory, a quoted glob or "
+        "one .npz split in rows). The float model is quantized again with them and the "
+        "int8 model's settings to verify the keep-in-float set (a dynamic model needs none).",
     ),
 ]
 ReproOpt = Annotated[

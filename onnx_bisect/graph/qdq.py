@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
 
-__all__ = ["QDQ_OPS", "QTensor", "QuantGraph", "is_quantized", "read_quantized"]
+__all__ = [
+    "QDQ_OPS",
+    "WEIGHT_ONLY",
+    "QTensor",
+    "QuantGraph",
+    "is_quantized",
+    "is_weight_only",
+    "read_quantized",
+]
 
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
@@ -44,6 +52,9 @@ _PASS_THROUGH = frozenset(
      "Slice", "Gather", "Identity", "DepthToSpace", "SpaceToDepth", "Tile", "Expand"}
 )  # fmt: skip
 _DYNAMIC = frozenset({"DynamicQuantizeLinear"})
+# Weight-only kernels (onnxruntime's MatMulNBitsQuantizer): float activations in and out,
+# blockwise int4/int8 weights inside.
+WEIGHT_ONLY = frozenset({"MatMulNBits"})
 _ACCUMULATORS = frozenset({"MatMulInteger", "ConvInteger"})
 # onnxruntime's names for the integer tensor replacing X: X_quantized, and Xquantized for
 # the outputs of a Split it moved to integers.
@@ -84,6 +95,11 @@ class QuantGraph:
 def is_quantized(model: LoadedModel) -> bool:
     """Whether the model has quantized tensors computed at run time (not just weights)."""
     return any(_quant_op(n) for n in model.nodes if n.name not in model.constant_nodes)
+
+
+def is_weight_only(model: LoadedModel) -> bool:
+    """Whether the model has weight-only quantized kernels (MatMulNBits)."""
+    return any(n.op_type in WEIGHT_ONLY for n in model.nodes)
 
 
 def _quant_op(n: NodeInfo) -> bool:

@@ -42,9 +42,12 @@ _QOPERATOR: dict[str, tuple[str, tuple[int, ...], int | None, int | None]] = {
     "QLinearConcat": ("Concat", (), 0, None),
 }
 _DYNAMIC = {"MatMulInteger": "MatMul", "ConvInteger": "Conv"}
+# Weight-only kernels: activations stay float, the float model's weight goes back in.
+_WEIGHT_ONLY = {"MatMulNBits": "MatMul"}
 # Attributes of the integer kernel that its float op lacks.
 _DROPPED_ATTRS = frozenset({"opset", "channels_last"})
 _SUFFIX = "_quant"
+_NBITS_SUFFIX = "_Q4"  # MatMulNBitsQuantizer's name for the node it quantized, 4 bits
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,11 @@ def integer_kernels(model: onnx.ModelProto, float_model: onnx.ModelProto) -> Flo
     kernels: dict[str, str] = {}
     skipped: dict[str, str] = {}
     for n in model.graph.node:
+        if n.op_type in _WEIGHT_ONLY:
+            weight = n.input[1].removesuffix(_NBITS_SUFFIX) if len(n.input) > 1 else ""
+            name = weight_readers.get(weight, n.name.removesuffix(_NBITS_SUFFIX))
+            kernels.setdefault(name, n.name)
+            continue
         if n.op_type not in _QOPERATOR and n.op_type not in _DYNAMIC:
             if n.op_type.startswith("QLinear"):
                 skipped[n.name] = f"{n.op_type} has no float form here"
@@ -130,7 +138,9 @@ def restore_float(
     for node in list(g.node):
         if node.name not in kernels:
             continue
-        if node.op_type in _DYNAMIC:
+        if node.op_type in _WEIGHT_ONLY:
+            ctx.weight_only(node, kernels[node.name])
+        elif node.op_type in _DYNAMIC:
             ctx.dynamic(node, kernels[node.name])
         else:
             name = kernels[node.name]
@@ -324,6 +334,21 @@ class _Context:
         self._replace(node, new)
         self.g.node.remove(cast)
         self.g.node.remove(mul)
+
+    def weight_only(self, node: onnx.NodeProto, name: str) -> None:
+        """MatMulNBits -> MatMul of its float input and the float model's weight (the float
+        node's own weight input), plus its bias."""
+        f = next((n for n in self.float_model.graph.node if n.name == name), None)
+        w = self.float_weight_named(f.input[1]) if f is not None and len(f.input) > 1 else ""
+        if not w:
+            return
+        bias = node.input[5] if len(node.input) > 5 and node.input[5] else ""
+        out = self.fresh(f"{node.output[0]}_matmul") if bias else node.output[0]
+        new = [helper.make_node("MatMul", [node.input[0], w], [out], name=self.fresh(name))]
+        if bias:
+            new.append(helper.make_node("Add", [out, bias], [node.output[0]],
+                                        name=self.fresh(f"{name}_bias")))  # fmt: skip
+        self._replace(node, new)
 
     def _replace(self, node: onnx.NodeProto, new: list[onnx.NodeProto]) -> None:
         at = list(self.g.node).index(node)

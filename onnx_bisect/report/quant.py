@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from html import escape
 
-from onnx_bisect.quant_result import QuantReport, QuantRow
+from onnx_bisect.quant_result import KeepInFloat, QuantReport, QuantRow
 from onnx_bisect.report.escape import cell, code
 from onnx_bisect.text import fmt
 
@@ -15,21 +15,30 @@ __all__ = ["quant_html", "quant_markdown"]
 ROWS = 12  # table rows shown; report.json has them all
 
 
-def _state(verified: bool) -> str:
-    return "verified by a run of the patched model" if verified else "NOT verified"
+def _answer(k: KeepInFloat) -> tuple[str, str, str]:
+    """What verified the answer, its measured effect, and the call to paste."""
+    if k.requantized is not None:
+        state = "verified by re-quantizing with onnxruntime's quantizer"
+        b, a = k.requantized
+        measured = f"{fmt(b)} → {fmt(a)} re-quantized; {fmt(k.before)} → {fmt(k.after)} patched"
+    else:
+        state = "verified by a run of the model patched as the quantizer would write it"
+        measured = f"{fmt(k.before)} → {fmt(k.after)}"
+    if not k.verified:
+        state = "NOT verified"
+    return state, measured, k.call or f"quantize_static(..., {k.nodes_to_exclude})"
 
 
 def quant_markdown(q: QuantReport) -> list[str]:
     out = ["## Quantization", ""]
     k = q.keep
     if k is not None and k.nodes:
-        state = _state(k.verified)
+        state, measured, call = _answer(k)
         out += [
-            f"**Keep in float** ({state}; {k.runs} runs): {k.goal}: "
-            f"{fmt(k.before)} → {fmt(k.after)}",
+            f"**Keep in float** ({state}; {k.runs} runs): {k.goal}: {measured}",
             "",
             "```python",
-            f"quantize_static(..., {k.nodes_to_exclude})",
+            call,
             "```",
             "",
         ]
@@ -71,11 +80,11 @@ def quant_html(q: QuantReport) -> list[str]:
     out = ["<h2>Quantization</h2>"]
     k = q.keep
     if k is not None and k.nodes:
-        state = _state(k.verified)
+        state, measured, call = _answer(k)
         out += [
             f"<p><strong>Keep in float</strong> ({state}; {k.runs} runs): {escape(k.goal)}: "
-            f"{fmt(k.before)} → {fmt(k.after)}</p>",
-            f"<pre><code>quantize_static(..., {escape(k.nodes_to_exclude)})</code></pre>",
+            f"{measured}</p>",
+            f"<pre><code>{escape(call)}</code></pre>",
         ]
         if k.model_path:
             out.append(

@@ -8,7 +8,8 @@ the sensitivity."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy.typing as npt
@@ -18,10 +19,12 @@ from onnx_bisect.compare.quant import channel_rel_l2, mean_channel_rel_l2
 from onnx_bisect.compare.topk import topk_checks
 from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.passes.search import find_guilty
+from onnx_bisect.engine.quant.verify import requantized
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
+from onnx_bisect.graph.qdq_plan import QDQPlan
 from onnx_bisect.graph.refloat import integer_kernels, restore_float
-from onnx_bisect.graph.unquantize import is_qdq, keep_in_float, quantized_nodes
+from onnx_bisect.graph.unquantize import Unquantizer, is_qdq
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.quant_result import KeepInFloat, Sensitivity
 from onnx_bisect.text import fmt, plural
@@ -59,17 +62,26 @@ class _Trials:
     """Runs the target model with a set of nodes in float and measures the goal's number;
     remembers the smallest set that met the goal, and stops the search at ``budget`` runs."""
 
-    def __init__(self, run: Callable[[Collection[str]], float], limit: float) -> None:
-        self.run, self.limit = run, limit
+    def __init__(
+        self,
+        run: Callable[[Collection[str]], float],
+        limit: float,
+        key: Callable[[Collection[str]], Hashable] = frozenset,
+    ) -> None:
+        self.run, self.limit, self.key = run, limit, key
+        self.seen: dict[Hashable, float] = {}
         self.runs = 0
         self.budget: int | None = None
         self.best: tuple[str, ...] | None = None
 
     def error(self, keep: Collection[str]) -> float:
-        if self.budget is not None and self.runs >= self.budget:
-            raise _OutOfRuns
-        self.runs += 1
-        value = self.run(keep)
+        key = self.key(keep)
+        value = self.seen.get(key)
+        if value is None:
+            if self.budget is not None and self.runs >= self.budget:
+                raise _OutOfRuns
+            self.runs += 1
+            value = self.seen[key] = self.run(keep)
         if value <= self.limit and (self.best is None or len(keep) < len(self.best)):
             self.best = tuple(keep)
         return value
@@ -90,7 +102,8 @@ def search_keep_in_float(
     rest in graph order); None when the model has no node that can be kept in float. Nodes
     are the float model's, as ``nodes_to_exclude`` takes them."""
     ref_model = session.loaded
-    candidates, patch, skipped, alias = _patcher(ref_model, target)
+    patcher = _patcher(ref_model, target)
+    candidates, patch, alias = patcher.candidates, patcher.patch, patcher.alias
     if not candidates:
         return None, ()
     reference = timed_run(session.ref, ref_model.model, session.feeds, "ref", session.stats)
@@ -98,20 +111,26 @@ def search_keep_in_float(
     measure, goal_text = _goal(session, ref_out)
 
     def run(keep: Collection[str]) -> float:
-        model = patch(keep)
+        return measured(patch(keep), f"{len(keep)} node(s) in float")
+
+    def measured(model: onnx.ModelProto, what: str) -> float:
         try:
             out = timed_run(session.target, model, session.feeds, "target", session.stats)
         except BackendError as exc:
-            log.info("keeping %s in float failed: %s", sorted(keep), exc)
+            log.info("%s failed: %s", what, exc)
             return float("inf")
         value = measure(_by_reference_names(ref_model, target, out))
         value = value if value == value else float("inf")  # NaN: far from the goal
-        log.info("%d node(s) in float: %s %.4g", len(keep), goal_text, value)
+        log.info("%s: %s %.4g", what, goal_text, value)
         return value
 
     goal = session.options.quant_goal
-    trials = _Trials(run, goal if goal is not None else float("inf"))
-    suspects = [n for n in dict.fromkeys(alias.get(n, n) for n in suspects) if n in candidates]
+    trials = _Trials(run, goal if goal is not None else float("inf"), patcher.key)
+    named = [alias.get(n, n) for n in suspects]
+    # A flagged node's output keeps its pair while a quantized reader marks it: the readers
+    # are suspects with it.
+    named += [p for n in named for p in sorted(patcher.partners.get(n, ()))]
+    suspects = [n for n in dict.fromkeys(named) if n in candidates]
     ranked = [alias.get(n, n) for n in ranked]
     order = [n for n in dict.fromkeys([*suspects, *ranked, *candidates]) if n in candidates]
     with session.timer.stage("keep in float"):
@@ -131,25 +150,45 @@ def search_keep_in_float(
         if keep and model_path:
             onnx.save(patch(keep), model_path)
             path = model_path
-    if skipped:
-        note = f"{note + '; ' if note else ''}{skipped}"
+    if patcher.note:
+        note = f"{note + '; ' if note else ''}{patcher.note}"
     found = KeepInFloat(
         keep, goal_text, before, after, after <= trials.limit, trials.runs, path, note
     )
+    if keep:
+        with session.timer.stage("re-quantize"):
+            found = requantized(session, target, found, trials.limit, measured)
     return found, sensitivity
 
 
-def _patcher(
-    ref: LoadedModel, target: LoadedModel
-) -> tuple[tuple[str, ...], Callable[[Collection[str]], onnx.ModelProto], str, dict[str, str]]:
-    """The nodes that can be kept in float (the float model's names), the target with a
-    set of them in float, which integer kernels cannot be (said in the answer's note), and
-    each integer kernel's float name (what the table and verdicts name it by)."""
+@dataclass(frozen=True)
+class _Patcher:
+    """The nodes that can be kept in float (the float model's names); the target with a set
+    of them in float; a key equal for two sets that give the same model (a node kept in float
+    between quantized neighbours changes nothing: they keep its pairs); what the answer's
+    note says (integer kernels that cannot be put back in float); each integer kernel's float
+    name (what the table and verdicts name it by); each node -> the nodes that must be kept
+    in float with it for its outputs to lose their pairs."""
+
+    candidates: tuple[str, ...]
+    patch: Callable[[Collection[str]], onnx.ModelProto]
+    key: Callable[[Collection[str]], Hashable]
+    note: str = ""
+    alias: Mapping[str, str] = field(default_factory=dict)
+    partners: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+
+def _patcher(ref: LoadedModel, target: LoadedModel) -> _Patcher:
     if is_qdq(target):
-        candidates = quantized_nodes(target)
-        weights = _float_weights(ref, target, candidates)
-        dropped = _dropped_activations(ref, target)
-        return candidates, lambda keep: keep_in_float(target, keep, weights, dropped), "", {}
+        rules = Unquantizer(target, ref)
+        unmatched = rules.unmatched()
+        if unmatched:
+            log.info("the quantizer's rules pair %d tensors the target does not: %s",
+                     len(unmatched), ", ".join(unmatched[:5]))  # fmt: skip
+        return _Patcher(
+            rules.candidates, rules.model, lambda keep: rules.plan(keep).key,
+            partners=_partners(ref, rules.base),
+        )  # fmt: skip
     found = integer_kernels(target.model, ref.model)
     kernels = found.kernels
 
@@ -160,7 +199,21 @@ def _patcher(
     if found.skipped:
         shown = "; ".join(f"{k}: {why}" for k, why in list(found.skipped.items())[:3])
         skipped = f"{plural(len(found.skipped), 'integer kernel')} kept quantized ({shown})"
-    return tuple(kernels), patch, skipped, {v: k for k, v in kernels.items()}
+    alias = {v: k for k, v in kernels.items()}
+    return _Patcher(tuple(kernels), patch, frozenset, skipped, alias)
+
+
+def _partners(ref: LoadedModel, plan: QDQPlan) -> dict[str, frozenset[str]]:
+    """Each node -> the other nodes marking what it writes: the quantized readers that keep
+    a pair on its output while they stay quantized."""
+    out: dict[str, set[str]] = {}
+    for tensor, nodes in plan.markers.items():
+        maker = ref.producer.get(tensor)
+        if maker is not None and maker.name in plan.removed:  # the dropped Relu's producer
+            maker = ref.producer.get(plan.removed[maker.name])
+        if maker is not None and maker.name in nodes:
+            out.setdefault(maker.name, set()).update(nodes - {maker.name} - set(plan.removed))
+    return {n: frozenset(v) for n, v in out.items()}
 
 
 def _sensitivity(trials: _Trials, order: Sequence[str]) -> tuple[Sensitivity, ...]:
@@ -290,55 +343,3 @@ def _goal(session: Session, ref_out: Tensors) -> tuple[Callable[[Tensors], float
 def _by_reference_names(ref: LoadedModel, target: LoadedModel, out: Tensors) -> dict[str, Any]:
     """The target's outputs under the float model's names (by position where they differ)."""
     return {r: out[t] for r, t in zip(ref.outputs, target.outputs, strict=False) if t in out}
-
-
-def _float_weights(
-    ref: LoadedModel, target: LoadedModel, candidates: Collection[str]
-) -> dict[tuple[str, int], onnx.TensorProto]:
-    """For each candidate's dequantized weight, the float model's initializer at the same
-    node (same name and op) and input: what keeping the node in float computes with."""
-    by_name = {n.name: n for n in ref.nodes}
-    inits = {t.name: t for t in ref.model.graph.initializer}
-    taken = set(target.initializers) | set(target.probes)
-    out: dict[tuple[str, int], onnx.TensorProto] = {}
-    for t in target.nodes:
-        r = by_name.get(t.name)
-        if t.name not in candidates or r is None or r.op_type != t.op_type:
-            continue
-        for i, name in enumerate(r.inputs):
-            if name not in inits or i >= len(t.inputs):
-                continue
-            w = onnx.TensorProto()
-            w.CopyFrom(inits[name])
-            if name in taken:
-                w.name = f"{name}__float"
-            out[(t.name, i)] = w
-    return out
-
-
-_ACTIVATIONS = frozenset({"Relu", "Clip"})
-
-
-def _dropped_activations(
-    ref: LoadedModel, target: LoadedModel
-) -> dict[str, tuple[onnx.NodeProto, list[onnx.TensorProto]]]:
-    """Target tensor -> the float model's Relu/Clip that onnxruntime's quantizer dropped after
-    it (the QuantizeLinear's range clamps instead), with the Clip's bound initializers: a
-    node kept in float must apply it. Two shapes: the tensor took the activation's output
-    name (a QDQ Conv writing ``r1``, the float model's Relu output), or the activation read
-    it and is gone."""
-    names = {n.name for n in target.nodes}
-    inits = {t.name: t for t in ref.model.graph.initializer}
-    readers = ref.readers
-    out: dict[str, tuple[onnx.NodeProto, list[onnx.TensorProto]]] = {}
-    for t in target.nodes:
-        for o in t.outputs:
-            act = ref.producer.get(o)
-            if act is None or act.op_type not in _ACTIVATIONS or act.op_type == t.op_type:
-                lone = readers.get(o, ())
-                act = lone[0] if len(lone) == 1 else None
-                if act is None or act.op_type not in _ACTIVATIONS or act.name in names:
-                    continue
-            bounds = [inits[b] for b in act.inputs[1:] if b in inits]
-            out[o] = (ref.node_protos[act.name], bounds)
-    return out

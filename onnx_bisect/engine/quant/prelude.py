@@ -24,7 +24,7 @@ from onnx_bisect.engine.quant.table import quant_rows
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.match import Matching, match_tensors
-from onnx_bisect.graph.qdq import is_quantized
+from onnx_bisect.graph.qdq import is_quantized, is_weight_only
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.quant_result import QuantRow
 
@@ -56,7 +56,9 @@ class Prelude:
 def quantized_target(session: Session) -> bool:
     """A quantized target model of a float one."""
     other = session.setup.target_model
-    return other is not None and is_quantized(other) and not is_quantized(session.loaded)
+    if other is None or is_quantized(session.loaded) or is_weight_only(session.loaded):
+        return False
+    return is_quantized(other) or is_weight_only(other)
 
 
 def prepare_early(session: Session) -> None:
