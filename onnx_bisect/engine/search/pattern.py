@@ -12,7 +12,7 @@ and compares.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -30,7 +30,7 @@ from onnx_bisect.engine.search.state import (
 )
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
-from onnx_bisect.graph.extract import window_model
+from onnx_bisect.graph.extract import window_exits, window_model
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
 from onnx_bisect.result import NodeResult
 
@@ -68,18 +68,23 @@ class Pattern:
 
 
 def find_pattern(
-    session: Session, store: TensorStore, start: NodeInfo, max_size: int = MAX_WINDOW
+    session: Session,
+    store: TensorStore,
+    start: NodeInfo,
+    max_size: int = MAX_WINDOW,
+    kept: Collection[str] = (),
 ) -> Pattern | None:
     """Smallest window around ``start`` that diverges on the target when fed reference inputs.
 
     Windows of each size are tried backward (producers: a pattern ending at ``start``, such as
     Conv -> Sigmoid -> Mul), forward (consumers: a fused group starting there), and backward
     closed over fan-out (an ancestor with all its readers, so its output is unobserved).
+    ``kept``: tensors whose marking changes the target's result, never a window's exit.
     """
     loaded = session.loaded
     for tried, window in enumerate(window_candidates(loaded, store, start, max_size), start=1):
         nodes = tuple(loaded.nodes[i] for i in window)
-        exits = _run_window(session, store, nodes)
+        exits = _run_window(session, store, nodes, kept)
         if exits is not None and any(c.diverged for c in exits.values()):
             log.debug("pattern: window %s reproduces", [n.name for n in nodes])
             return Pattern(nodes, exits, tried)
@@ -113,12 +118,15 @@ def window_candidates(
 
 
 def _run_window(
-    session: Session, store: TensorStore, nodes: Sequence[NodeInfo]
+    session: Session, store: TensorStore, nodes: Sequence[NodeInfo], kept: Collection[str]
 ) -> dict[str, Comparison] | None:
     loaded = session.loaded
+    outs = [t for t in window_exits(loaded, nodes) if t not in kept]
+    if not outs:
+        return None
     model, feeds = reference_fed(
         loaded, store, session.feeds, nodes,
-        lambda metas, constants: window_model(loaded, nodes, metas, constants)[:2],
+        lambda metas, constants: window_model(loaded, nodes, metas, constants, outs)[:2],
     )  # fmt: skip
     try:
         out = timed_run(session.target, model, feeds, "target", session.stats)
