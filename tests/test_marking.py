@@ -38,9 +38,8 @@ def test_the_tensor_whose_marking_hides_a_fusion_is_named_and_kept() -> None:
     result = onnx_bisect.bisect(fused_model(), target=target)
     assert result.verdict == "diverged"
     assert result.strategy == "scan+bisect"
-    assert (
-        "marking 't' alone changes the target's result (y moves rel_l2 "
-        in "\n".join(result.notes)
+    assert "marking 't' alone changes the target's result (y moves rel_l2 " in "\n".join(
+        result.notes
     )
     note = next(n for n in result.notes if n.startswith("marking 't'"))
     assert note.endswith(

@@ -52,9 +52,7 @@ class CutRefused(Exception):
         self.error = error
 
 
-def cut_search(
-    session: Session, store: TensorStore, kept: Collection[str] = ()
-) -> CutResult:
+def cut_search(session: Session, store: TensorStore, kept: Collection[str] = ()) -> CutResult:
     """Find the first position after which the target's live tensors diverge.
 
     Position 0 (nothing computed) is known good and position N (the plain model) known bad, so
