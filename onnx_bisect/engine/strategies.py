@@ -308,6 +308,12 @@ def _worst_at(session: Session, cut: CutResult) -> Comparison | None:
     return max(outs, key=session.crit.badness) if outs else None
 
 
+_FOLDED = (
+    "with the tensors the input shapes alone determine embedded as constants, as the "
+    "target folds them at static shapes"
+)
+
+
 def _with_pattern(
     session: Session,
     store: TensorStore,
@@ -321,10 +327,12 @@ def _with_pattern(
     and more first (windows of up to six nodes), then around the first divergence."""
     loaded, tried = session.loaded, 0
     seeds = [*extreme_gains(nodes, skip=first.name), first]
+    # Last, the first divergence's windows with shape-determined tensors folded in.
+    tries = [*((seed, False) for seed in seeds), (first, True)]
     with session.timer.stage("pattern"):
-        for seed in seeds:
+        for seed, fold in tries:
             size = MAX_WINDOW if seed is first else EXTREME_WINDOW
-            pattern = find_pattern(session, store, loaded.nodes[seed.index], size, kept)
+            pattern = find_pattern(session, store, loaded.nodes[seed.index], size, kept, fold)
             tried += pattern.tried if pattern is not None else 0
             if pattern is not None:
                 break
@@ -332,6 +340,8 @@ def _with_pattern(
         return list(nodes), first, fallback, search
     worst = max(pattern.comparisons.values(), key=session.crit.badness)
     marked, at, cause = mark_pattern(nodes, seed, pattern.nodes, worst)
+    if fold:
+        cause = replace(cause, reason=f"{cause.reason}; {_FOLDED}")
     if seed is first:
         first = at
     else:  # the first divergence stays where it is; the window is where the gain is
