@@ -8,7 +8,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_bisect
-from tests.faulty import FusionFaultBackend
+from tests.faulty import FoldFaultBackend, FusionFaultBackend
 from tests.models import make
 
 
@@ -61,3 +61,35 @@ def test_the_cut_search_asked_for_directly_marks_every_live_tensor() -> None:
     # fault shows only in the plain model, at its last node.
     assert result.search is not None and result.search.transition_node == "mix"
     assert not any(n.startswith("marking 't'") for n in result.notes)
+
+
+def shape_bias_model() -> onnx.ModelProto:
+    """y = Relu(Tanh(x) + ConstantOfShape(Shape(x))): the bias depends on x's shape alone."""
+    fill = numpy_helper.from_array(np.array([0.5], np.float32), "fill_value")
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("ConstantOfShape", ["s"], ["b"], name="fill", value=fill),
+        helper.make_node("Tanh", ["x"], ["t"], name="tanh"),
+        helper.make_node("Add", ["t", "b"], ["a"], name="add"),
+        helper.make_node("Relu", ["a"], ["y"], name="relu"),
+    ]
+    return make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
+    )
+
+
+def test_a_window_with_the_shape_determined_bias_folded_in_reproduces() -> None:
+    # add is wrong only while b is a constant of the model: fed b as an input (isolation, the
+    # plain windows) it is right; with b embedded, as the target folds it, it is not.
+    result = onnx_bisect.bisect(
+        shape_bias_model(), target=FoldFaultBackend("add", "b", "shape", 0.5)
+    )
+    assert result.first_divergence is not None and result.first_divergence.name == "add"
+    assert result.root_cause is not None and result.root_cause.kind == "pattern"
+    assert result.root_cause.nodes == ("tanh", "add")
+    assert result.root_cause.reason.endswith(
+        "a pattern or fusion bug; with the tensors the input shapes alone determine embedded "
+        "as constants, as the target folds them at static shapes"
+    )
