@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml constraints-dev.txt | $(VENV)/pyvenv.cfg
 # at one Conv: the demo shows the tool naming that node on any machine.
 demo: $(DEMO_STAMP)
 	@$(BIN)/bisect examples/models/yolo_like.onnx --ref cpu \
-	  --target "exec:$(BIN)/python examples/faulty_runtime.py {model} {inputs} {outputs} --fault /down1/conv/Conv=0.05" \
+	  --target "exec:{python} examples/faulty_runtime.py {model} {inputs} {outputs} --fault /down1/conv/Conv=0.05" \
 	  --out demo-report; rc=$$?; \
 	  if [ $$rc -ne 1 ]; then echo "demo: expected exit 1 (divergence found), got $$rc"; exit 1; fi
 	@echo "Exit 1 = divergence found. Reports in demo-report/ (report.html, report.md, report.json, nodes.csv, inputs.npz)"
