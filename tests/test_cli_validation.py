@@ -287,7 +287,25 @@ def test_help_shows_what_to_type_not_python_types(
 
 def test_usage_error_from_the_parser_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = cli(capsys, str(YOLO))
-    assert code == 2 and err == "error: Missing option '--target' / '-t'.\n"
+    assert code == 2 and err == (
+        "error: --target: missing; name the backend under test, e.g. --target openvino, or "
+        "--target 'exec:{python} my_rt.py {model} {inputs} {outputs}' for your own runtime "
+        "(onnx-bisect backends lists what works here)\n"
+    )
+
+
+def test_every_missing_parameter_reads_as_the_tools_own_errors(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # typer's own style ("Missing argument 'MODEL'.") is not the tool's: the name first.
+    code, _, err = cli(capsys)
+    assert code == 2
+    said = "error: MODEL: missing; e.g. bisect model.onnx --target openvino (bisect --help)\n"
+    assert err == said
+    code, _, err = cli(capsys, "repro", main=True)
+    assert code == 2 and err == "error: DIR: missing (onnx-bisect repro --help)\n"
+    code, _, err = cli(capsys, "dump", str(YOLO), main=True)
+    assert code == 2 and err == "error: --backend: missing (onnx-bisect dump --help)\n"
 
 
 # --- the subcommands take the main command's options, and they act ----------------------------

@@ -21,6 +21,7 @@ from onnx_bisect.cli.output import EXIT_DIVERGED, EXIT_MATCH, fail, stdout, user
 from onnx_bisect.cli.params import (
     DEFAULTS,
     MAX_MEMORY_TEXT,
+    OUTPUTS,
     THRESHOLD_TEXT,
     AllowNonfiniteOpt,
     AlwaysScanOpt,
@@ -122,7 +123,10 @@ def run_command(
     topk: TopKOpt = None,
     quant_goal: QuantGoalOpt = DEFAULTS.quant_goal,
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", metavar="DIR", help="Write reports here.")
+        Path | None,
+        typer.Option(
+            "--out", "-o", metavar="DIR", help="Write the reports here.", rich_help_panel=OUTPUTS
+        ),
     ] = None,
     repro: ReproOpt = True,
     format: FormatOpt = "md,json,csv,html,png,explorer",
