@@ -308,6 +308,20 @@ def test_every_missing_parameter_reads_as_the_tools_own_errors(
     assert code == 2 and err == "error: --backend: missing (onnx-bisect dump --help)\n"
 
 
+def test_the_parsers_own_errors_read_as_the_tools(capsys: pytest.CaptureFixture[str]) -> None:
+    # click's sentences ("No such option: --targte (Possible options: ...)") in the tool's
+    # shape: the name first, lower case, no full stop, where to look.
+    code, _, err = cli(capsys, str(YOLO), "--targte", "cpu")
+    assert code == 2 and err == (
+        "error: --targte: no such option; did you mean --range, --strategy, --target? "
+        "(bisect --help)\n"
+    )
+    code, _, err = cli(capsys, "nosuch", main=True)
+    assert code == 2 and err == "error: no such command 'nosuch' (onnx-bisect --help)\n"
+    code, _, err = cli(capsys, str(YOLO), "--target")
+    assert code == 2 and err.startswith("error: --target: needs a value"), err
+
+
 # --- the subcommands take the main command's options, and they act ----------------------------
 
 

@@ -107,12 +107,23 @@ def _usage_error(exc: Exception) -> str:
     """typer's usage error as one line. A bad value reads like our own errors, flag first:
     ``--seed: 'x' is not an integer`` rather than ``Invalid value for '--seed': Value error,
     ...`` (the validation library's prefix for a parser's ValueError)."""
-    if type(exc).__name__ == "MissingParameter":
+    kind = type(exc).__name__
+    if kind == "MissingParameter":
         return _missing(exc)
     if type(exc) is typer.BadParameter and exc.param is not None and exc.param.opts:
         flag = max(exc.param.opts, key=len)
         return f"{flag}: {exc.message.removeprefix('Value error, ')}"
-    return str(exc.format_message())  # type: ignore[attr-defined]
+    ctx = getattr(exc, "ctx", None)
+    see = f" ({ctx.command_path} --help)" if ctx is not None else ""
+    if kind == "NoSuchOption":
+        near = sorted(getattr(exc, "possibilities", None) or ())
+        guess = f"; did you mean {', '.join(near)}?" if near else ""
+        return f"{exc.option_name}: no such option{guess}{see}"  # type: ignore[attr-defined]
+    if kind == "BadOptionUsage" and "requires an argument" in str(exc):
+        return f"{exc.option_name}: needs a value{see}"  # type: ignore[attr-defined]
+    # Anything else in the same shape as the rest: lower case, no full stop, where to look.
+    said = str(exc.format_message()).rstrip(".")  # type: ignore[attr-defined]
+    return f"{said[:1].lower()}{said[1:]}{see}"
 
 
 # What a missing --target could be: the first thing a newcomer needs is a spec to copy.
