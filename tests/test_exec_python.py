@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import onnx
 import pytest
+from onnx import TensorProto, helper
 
-from tests.models import FAULTY_RUNTIME, YOLO
+import onnx_bisect
+from tests.models import FAULTY_RUNTIME, YOLO, make
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,3 +93,16 @@ def test_a_command_not_found_says_how_to_name_it(tmp_path: Path) -> None:
         f"(hint: give the program's path; exec:{{python}} SCRIPT ... runs a Python script with "
         f"{sys.executable}) (it also fails on a one-node Identity model, so no node is to blame)"
     ), line
+
+
+def test_the_template_runtime_writes_a_tensor_named_file(tmp_path: Path) -> None:
+    # np.savez(path, **outputs) cannot: `file` is its own first parameter.
+    node = helper.make_node("Relu", ["x"], ["file"], name="relu")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("file", TensorProto.FLOAT, [2, 3])
+    path = tmp_path / "file.onnx"
+    onnx.save(make([node], [x], [y]), path)
+    target = f"exec:{{python}} {FAULTY_RUNTIME} {{model}} {{inputs}} {{outputs}}"
+    result = onnx_bisect.bisect(path, target=target)
+    assert result.verdict.value == "match", result.summary()
+    assert [c.tensor for c in result.outputs] == ["file"]
