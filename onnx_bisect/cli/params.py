@@ -11,13 +11,13 @@ import typer
 
 from onnx_bisect import __version__
 from onnx_bisect.cli.values import (
-    _count,
-    _integer,
-    _real,
     by_input,
     format_bytes,
     parse_bytes,
+    parse_count,
+    parse_int,
     parse_range,
+    parse_real,
     parse_threshold,
     parse_value,
 )
@@ -225,7 +225,7 @@ DatasetOpt = Annotated[
 SampleOpt = Annotated[
     int | None,
     typer.Option(
-        parser=_integer,
+        parser=parse_int,
         metavar="K",
         help=f"With --dataset: how many of the worst inputs to search (default {DEFAULT_SAMPLE}).",
         show_default=False,
@@ -235,7 +235,7 @@ SampleOpt = Annotated[
 JobsOpt = Annotated[
     int,
     typer.Option(
-        parser=_integer,
+        parser=parse_int,
         metavar="N",
         help="With --dataset: N local worker processes.",
         rich_help_panel=RESOURCES,
@@ -291,7 +291,7 @@ AllowNonfiniteOpt = Annotated[
 SeedOpt = Annotated[
     int,
     typer.Option(
-        parser=_integer,
+        parser=parse_int,
         metavar="N",
         help="Seed for generated inputs (>= 0).",
         rich_help_panel=INPUTS,
@@ -317,7 +317,7 @@ ThresholdOpt = Annotated[
 NoiseKOpt = Annotated[
     float,
     typer.Option(
-        parser=_real,
+        parser=parse_real,
         metavar="K",
         help="With --threshold auto: k, the multiplier on fp32 noise.",
         rich_help_panel=JUDGEMENT,
@@ -326,7 +326,7 @@ NoiseKOpt = Annotated[
 NoiseEpsOpt = Annotated[
     float,
     typer.Option(
-        parser=_real,
+        parser=parse_real,
         metavar="EPS",
         help="With --threshold auto: eps, added to every threshold.",
         rich_help_panel=JUDGEMENT,
@@ -335,7 +335,7 @@ NoiseEpsOpt = Annotated[
 AtolOpt = Annotated[
     float | None,
     typer.Option(
-        parser=_real,
+        parser=parse_real,
         metavar="X",
         help="Judge as allclose, with this atol.",
         rich_help_panel=JUDGEMENT,
@@ -344,7 +344,7 @@ AtolOpt = Annotated[
 RtolOpt = Annotated[
     float | None,
     typer.Option(
-        parser=_real,
+        parser=parse_real,
         metavar="X",
         help="Judge as allclose, with this rtol.",
         rich_help_panel=JUDGEMENT,
@@ -382,7 +382,7 @@ IsolateCrashesOpt = Annotated[
 TimeoutOpt = Annotated[
     float | None,
     typer.Option(
-        parser=_real,
+        parser=parse_real,
         metavar="SECONDS",
         help="A target run longer than this is a crash (a hang).",
         rich_help_panel=RESOURCES,
@@ -391,7 +391,7 @@ TimeoutOpt = Annotated[
 UnrollMaxOpt = Annotated[
     int,
     typer.Option(
-        parser=_count,
+        parser=parse_count,
         metavar="N",
         help="Unroll a Loop or Scan of at most N iterations, so its body's nodes are probed.",
         rich_help_panel=SEARCH,
@@ -433,7 +433,7 @@ TopKOpt = Annotated[
 QuantGoalOpt = Annotated[
     float | None,
     typer.Option(
-        parser=_real,
+        parser=parse_real,
         metavar="X",
         help="Quantized --target-model: the worst channel's rel_l2 that the nodes kept in "
         "float must reach (default: 80% of the loss recovered).",
@@ -461,7 +461,7 @@ FormatOpt = Annotated[
 TopOpt = Annotated[
     int,
     typer.Option(
-        parser=_count,
+        parser=parse_count,
         metavar="N",
         help="Rows in the terminal's top table.",
         rich_help_panel=OUTPUTS,
@@ -517,7 +517,7 @@ BundleMetricOpt = Annotated[
 BundleThresholdOpt = Annotated[
     float | None,
     typer.Option(
-        parser=_real,
+        parser=parse_real,
         metavar="X",
         help="Divergence threshold for --metric; default: the bundle's.",
         rich_help_panel=JUDGEMENT,

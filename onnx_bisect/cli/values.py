@@ -17,6 +17,9 @@ __all__ = [
     "by_input",
     "format_bytes",
     "parse_bytes",
+    "parse_count",
+    "parse_int",
+    "parse_real",
     "parse_range",
     "parse_threshold",
     "parse_value",
@@ -25,22 +28,22 @@ __all__ = [
 T = TypeVar("T")
 
 
-def _integer(text: str) -> int:
+def parse_int(text: str) -> int:
     try:
         return int(text)
     except ValueError:
         raise ValueError(f"{text!r} is not an integer") from None
 
 
-def _real(text: str) -> float:
+def parse_real(text: str) -> float:
     try:
         return float(text)
     except ValueError:
         raise ValueError(f"{text!r} is not a number") from None
 
 
-def _count(text: str) -> int:
-    value = _integer(text)
+def parse_count(text: str) -> int:
+    value = parse_int(text)
     if value < 0:
         raise ValueError(f"must be an integer >= 0, got {value}")
     return value
