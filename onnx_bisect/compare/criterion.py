@@ -147,14 +147,21 @@ class Criterion:
         floor = f" and max_abs > {self.abs_floor:g} × max(1, |reference|)" if self.abs_floor else ""
         return f"{self.metric} {op} {self._limit()}{floor}"
 
-    def agreement(self) -> str:
+    def agreement(self, measured: Comparison | None = None, *, largest: bool = False) -> str:
         """When a tensor agrees, the negation of ``describe()``: ``rel_l2 ≤ 0.001``. Said of
-        outputs that pass, ``describe()`` read as if they had crossed the threshold."""
+        outputs that pass, ``describe()`` read as if they had crossed the threshold. With
+        ``measured`` (the worst output), its error beside the bound it was held against:
+        ``rel_l2 4.1e-07 ≤ 4 × fp32 noise + 1e-05 = 2.3e-05``."""
         if self.allclose:
             return self.describe()
         op = "≤" if METRICS[self.metric].higher_is_worse else "≥"
         floor = f" or max_abs ≤ {self.abs_floor:g} × max(1, |reference|)" if self.abs_floor else ""
-        return f"{self.metric} {op} {self._limit()}{floor}"
+        if measured is None or self.key not in measured.metrics:
+            return f"{self.metric} {op} {self._limit()}{floor}"
+        value = f"{'largest ' if largest else ''}{self.metric} {measured.shown(self.key)}"
+        bound = measured.threshold
+        held = f" = {fmt(bound)}" if self.auto and bound is not None else ""
+        return f"{value} {op} {self._limit()}{held}{floor}"
 
     def _limit(self) -> str:
         return f"{self.k:g} × fp32 noise + {self.eps:g}" if self.auto else f"{self.threshold:g}"

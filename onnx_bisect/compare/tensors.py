@@ -117,7 +117,7 @@ def compare_tensors(
         reason=reason,
         ref_dtype=rd,
         target_dtype=td,
-        threshold=None if crit.allclose else limit,
+        threshold=None if crit.allclose else lowered.limit or limit,
         noise=noise,
         reference_off=bool(off),
         precision_floor=lowered.floor,
@@ -132,6 +132,9 @@ class _Lowered:
     floor: float | None = None
     within: bool = False
     problem: str = ""
+    # The bound the error was held against where the precision's floor judged it (k × floor
+    # + eps): the threshold to show beside a ``precision`` verdict, not fp32 noise's.
+    limit: float | None = None
 
 
 def _precision(
@@ -159,8 +162,9 @@ def _precision(
         status = Status.NONFINITE if status is Status.NONFINITE else Status.DIVERGED
         return status, problem, _Lowered(floor, False, problem)
     if status is Status.DIVERGED and bound is not None and metrics["rel_l2"] <= bound[0]:
-        return Status.OK, "", _Lowered(floor, True)
-    return status, reason, _Lowered(floor)
+        return Status.OK, "", _Lowered(floor, True, limit=bound[0])
+    judged_by_floor = bound[0] if status is Status.DIVERGED and bound is not None else None
+    return status, reason, _Lowered(floor, limit=judged_by_floor)
 
 
 _Judged = tuple[Status, dict[str, float], int, str]

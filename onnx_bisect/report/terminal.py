@@ -91,16 +91,45 @@ def _print_table(result: BisectResult, console: Console, top: int) -> None:
     rows = result.top(top)
     if not rows:
         return
-    table = _table(result, rows, compact=False)
+    pinned = _pinned(result, rows)
+    title = f"Top {plural(len(rows), 'node')} by accumulated error"
+    if pinned:
+        title += ", and " + " and ".join(dict.fromkeys(what for what, _ in pinned))
+    rows += [n for _, n in pinned]
+    table = _table(result, rows, title, compact=False)
     # Measured without the console's limit, which a measurement is otherwise clamped to.
     natural = Measurement.get(console, console.options.update_width(1 << 20), table).maximum
     if natural > console.width:
-        table = _table(result, rows, compact=True)
+        table = _table(result, rows, title, compact=True)
     console.print(table)
 
 
-def _table(result: BisectResult, rows: list[NodeResult], *, compact: bool) -> Table:
-    title = f"Top {plural(len(rows), 'node')} by accumulated error"
+def _pinned(result: BisectResult, rows: list[NodeResult]) -> list[tuple[str, NodeResult]]:
+    """The first divergence and the root cause's nodes that the top rows leave out, each with
+    what it is: the table must show where the error starts and what causes it, however many
+    nodes the error grows larger in downstream (ten ``propagated`` rows can hide the culprit)."""
+    by_name = {n.name: n for n in result.nodes}
+    roles: dict[str, list[str]] = {}
+    fd = result.first_divergence
+    if fd is not None and fd.name in by_name:
+        roles.setdefault(fd.name, []).append("first divergence")
+    rc = result.root_cause
+    for name in rc.nodes[:_MOST_PINNED] if rc is not None else ():
+        if name in by_name:
+            roles.setdefault(name, []).append("root cause")
+    shown = {n.name for n in rows}
+    return [
+        ("the " + " and ".join(what), by_name[name])
+        for name, what in roles.items()
+        if name not in shown
+    ]
+
+
+# A pattern's window can hold many nodes: its first few are pinned, the rest are in nodes.csv.
+_MOST_PINNED = 3
+
+
+def _table(result: BisectResult, rows: list[NodeResult], title: str, *, compact: bool) -> Table:
     if compact:
         table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     else:
