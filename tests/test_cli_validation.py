@@ -313,7 +313,7 @@ def test_the_parsers_own_errors_read_as_the_tools(capsys: pytest.CaptureFixture[
     # shape: the name first, lower case, no full stop, where to look.
     code, _, err = cli(capsys, str(YOLO), "--targte", "cpu")
     assert code == 2 and err == (
-        "error: --targte: no such option; did you mean --range, --strategy, --target? "
+        "error: --targte: no such option; did you mean --state, --strategy, --target? "
         "(bisect --help)\n"
     )
     code, _, err = cli(capsys, "nosuch", main=True)

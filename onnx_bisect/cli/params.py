@@ -227,8 +227,8 @@ DatasetOpt = Annotated[
     str | None,
     typer.Option(
         metavar="DIR|GLOB|FILE.npz",
-        help="Many inputs: a folder of .npz files or test_data_set_* folders, a quoted glob, "
-        "or one .npz split along its first axis; the worst --sample are searched.",
+        help="Many inputs: a folder (.npz files, test_data_set_*), a quoted glob, or one .npz "
+        "split along axis 0.",
         rich_help_panel=INPUTS,
     ),
 ]
@@ -265,8 +265,7 @@ StepsOpt = Annotated[
     typer.Option(
         parser=parse_int,
         metavar="N",
-        help="Run N steps in lockstep, each fed the reference's state and token; the first "
-        "step that diverges is diagnosed (docs/steps.md).",
+        help="Run N steps in lockstep; diagnose the first that diverges (docs/steps.md).",
         show_default=False,
         rich_help_panel=INPUTS,
     ),
@@ -275,7 +274,7 @@ StateOpt = Annotated[
     list[str] | None,
     typer.Option(
         metavar="OUT=IN",
-        help="With --steps: output OUT feeds input IN next step ('*' globs). Repeatable.",
+        help="With --steps: OUT feeds IN next step; * globs.",
         show_default=False,
         rich_help_panel=INPUTS,
     ),
@@ -284,7 +283,7 @@ ChunksOpt = Annotated[
     Path | None,
     typer.Option(
         metavar="FILE.npz",
-        help="With --steps: per-step inputs; step k gets array[k] of each array.",
+        help="With --steps: step k gets array\\[k] of each.",
         show_default=False,
         rich_help_panel=INPUTS,
     ),
@@ -294,7 +293,7 @@ FreeRunOpt = Annotated[
     typer.Option(
         "--free-run",
         metavar="",
-        help="With --steps: also let each side feed itself; say where they part.",
+        help="With --steps: also let each side feed itself.",
         rich_help_panel=INPUTS,
     ),
 ]
@@ -483,8 +482,8 @@ QuantGoalOpt = Annotated[
     typer.Option(
         parser=parse_real,
         metavar="X",
-        help="Quantized --target-model: the worst channel's rel_l2 that the nodes kept in "
-        "float must reach (default: 80% of the loss recovered).",
+        help="Quantized --target-model: the worst channel's rel_l2 to reach (default: 80% "
+        "of the loss recovered).",
         rich_help_panel=JUDGEMENT,
     ),
 ]
@@ -492,8 +491,8 @@ CalibrationOpt = Annotated[
     str | None,
     typer.Option(
         metavar="DIR|FILE.npz",
-        help="Quantized --target-model: calibration inputs (a directory, a quoted glob or one "
-        ".npz split in rows), to verify the keep-in-float set by quantizing again.",
+        help="Quantized --target-model: inputs to quantize it again with (the check of the "
+        "keep-in-float set).",
         rich_help_panel=JUDGEMENT,
     ),
 ]
