@@ -153,7 +153,7 @@ def _verified(
     set found that does; the others named with their measured effect."""
     for node in ranked[:MAX_ALONE]:
         fixed = repaired(session, store, [node.name])
-        if fixed is not None and fixed.agrees:
+        if fixed is not None and fixed.shows and fixed.agrees:
             base = culprit_cause(node)
             reason = (
                 f"{base.reason}; fed the reference's values there, the target's outputs agree "
@@ -162,6 +162,8 @@ def _verified(
             return replace(base, reason=reason)
     names = [n.name for n in ranked]
     fixed = repaired(session, store, names)
+    if fixed is not None and not fixed.shows:
+        return cause  # they compute every output: a repair there proves nothing
     if fixed is None:
         return replace(
             cause,
@@ -177,7 +179,8 @@ def _verified(
         )
     for name in reversed([n.name for n in ranked]):
         fewer = [n for n in names if n != name]
-        if fewer and (again := repaired(session, store, fewer)) is not None and again.agrees:
+        again = repaired(session, store, fewer) if fewer else None
+        if again is not None and again.shows and again.agrees:
             names = fewer
     chosen = [n for n in ranked if n.name in names]
     kind = CauseKind.RANGE if all(n.verdict is Verdict.RANGE for n in chosen) else CauseKind.CULPRIT
