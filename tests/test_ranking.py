@@ -140,7 +140,7 @@ def test_of_six_flushing_sigmoids_the_one_that_reaches_the_output_is_the_root_ca
     assert result.first_divergence is not None
     assert result.first_divergence.name == "cls_sigmoid"
     # Two target runs for it all: the six suspects alone in one, the repair of the cause.
-    assert result.stage_runs["settle"] == 2
+    assert result.stage_runs["rank"] == 2
 
 
 def test_one_flushing_sigmoid_needs_no_extra_run(six: Path, tmp_path: Path) -> None:
@@ -148,7 +148,7 @@ def test_one_flushing_sigmoid_needs_no_extra_run(six: Path, tmp_path: Path) -> N
     result = onnx_bisect.bisect(six, ref="cpu", target=flushing, target_precision="float16")
     assert result.root_cause is not None and result.root_cause.nodes == ("cls_sigmoid",)
     assert "verified" not in result.root_cause.reason
-    assert "settle" not in result.stage_runs
+    assert "rank" not in result.stage_runs
 
 
 def test_an_overflow_to_inf_outranks_a_finite_deviation(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from onnx_bisect.engine.session import Session
 from onnx_bisect.result import CauseKind, NodeResult, RootCause, Verdict
 from onnx_bisect.text import plural
 
-__all__ = ["MAX_SUSPECTS", "settle"]
+__all__ = ["MAX_ALONE", "MAX_SUSPECTS", "rank_suspects"]
 
 # Suspects are measured where there are 2 to MAX_SUSPECTS of them; the MAX_ALONE first are
 # each repaired alone (one target run of the whole model each), then all together.
@@ -43,7 +43,7 @@ _STARTS = (Verdict.CULPRIT, Verdict.RANGE)
 Settled = tuple[list[NodeResult], NodeResult | None, RootCause | None]
 
 
-def settle(
+def rank_suspects(
     session: Session,
     store: TensorStore,
     nodes: Sequence[NodeResult],
@@ -58,7 +58,7 @@ def settle(
         # Many at once is a precision or a criterion, not bugs to tell apart (every Conv at
         # atol 0): the static rank (an Inf, then a range problem, first) stands.
         return list(nodes), first, cause
-    with session.timer.stage("settle"):
+    with session.timer.stage("rank"):
         values = target_alone(session, store, [session.loaded.nodes[n.index] for n in suspects])
         effects = {n.name: injected(session, store, [n.name], values) for n in suspects}
         harmless = _harmless(session, store, suspects, effects, values)
