@@ -42,6 +42,7 @@ _VERDICT_STYLE = {
     "failed": "magenta",
     "crashed": "bold magenta",
     "pattern": "bold red",
+    "harmless": "dim",
     "ok": "green",
 }
 
