@@ -421,7 +421,11 @@ def _summary_lines(r: BisectResult) -> list[Text]:
     precision = _precision_lines(r)
     if not r.diverged:
         total = r.timings.get("total", 0.0)
-        agrees = within_precision(r) or f"{_passing(len(r.outputs))}: {r.criterion.agreement()}"
+        agrees = (
+            within_precision(r)
+            or reference_less_exact(r)
+            or f"{_passing(len(r.outputs))}: {r.criterion.agreement()}"
+        )
         passing = f": {agrees} ({total:.2f}s)"
         lines = [Text.assemble(("No divergence", "green"), ": ", head, passing), *dataset]
         lines += precision + checks
@@ -442,6 +446,17 @@ def _summary_lines(r: BisectResult) -> list[Text]:
                 + Text(f"rel_l2={rel} max_abs={mx}{why}")
             )
     return lines + checks + _finding_lines(r)
+
+
+def reference_less_exact(r: BisectResult) -> str:
+    """``the target agrees with float64; the reference's DynamicQuantizeLSTM 'lstm' is the
+    less exact side``, where float64 sided with the target (no divergence); else ""."""
+    rc = r.root_cause
+    if r.diverged or rc is None or rc.kind is not CauseKind.REFERENCE:
+        return ""
+    node = next((n for n in r.nodes if n.name in rc.nodes), None)
+    where = f"{node.op_type} {node.name!r}" if node is not None else ", ".join(rc.nodes)
+    return f"the target agrees with float64; the reference's {where} is the less exact side"
 
 
 def within_precision(r: BisectResult) -> str:
@@ -507,7 +522,9 @@ def _finding_lines(r: BisectResult) -> list[Text]:
         )
     rc = r.root_cause
     if rc is not None:
-        below = "" if r.diverged else ", below the output threshold"
+        below = (
+            "" if r.diverged or rc.kind is CauseKind.REFERENCE else ", below the output threshold"
+        )
         names = Text.assemble((", ".join(rc.nodes), "cyan"), " — ") if rc.nodes else Text()
         lines.append(
             Text.assemble(("Root cause", "bold"), " (", (str(rc.kind), "red"), f"{below}): ")

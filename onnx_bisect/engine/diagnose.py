@@ -20,9 +20,10 @@ from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.backends.spec import BackendSpec, parse_spec
 from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.compare.noise import NoiseFloor
-from onnx_bisect.compare.precision import PrecisionFloors
+from onnx_bisect.compare.precision import PrecisionFloors, PrecisionInfo
 from onnx_bisect.compare.topk import TopKCheck, TopKSpec, topk_checks
 from onnx_bisect.engine.found import Found
+from onnx_bisect.engine.judge import reference_is_off, reference_off_note
 from onnx_bisect.engine.measure.memory import plan_memory
 from onnx_bisect.engine.measure.observe import Observed, screen
 from onnx_bisect.engine.oracle.float64 import FLOAT64_MAX_WEIGHTS, Float64Run, measure_float64
@@ -46,7 +47,15 @@ from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.inputs.feeds import input_specs, validate_feeds
 from onnx_bisect.inputs.limits import nonfinite_notes
 from onnx_bisect.options import BisectOptions, ModelLike
-from onnx_bisect.result import BackendInfo, BisectResult, Outcome, PassBisection, ReproInfo
+from onnx_bisect.result import (
+    BackendInfo,
+    BisectResult,
+    CauseKind,
+    Outcome,
+    PassBisection,
+    ReproInfo,
+)
+from onnx_bisect.text import plural
 from onnx_bisect.transforms.apply import transformed
 from onnx_bisect.transforms.registry import TransformRecord
 
@@ -196,10 +205,13 @@ def _auto_criterion(
         float64 = _float64_or_none(session, names, in_child)
     if float64 is None:
         return replace(crit, abs_floor=FALLBACK_ABS_FLOOR)
-    floors = NoiseFloor(float64.values, float64.oracle_noise)
+    floors = NoiseFloor(float64.values, float64.oracle_noise, float64.inexact)
     crit = replace(session.options.noise_criterion(floors, floors.truth), quantized=crit.quantized)
     target = session.setup.target_precision
-    if target.lowered and float64.precision_isolated:
+    measured = target.lowered and bool(float64.precision_isolated)
+    if float64.inexact:
+        session.notes.append(_inexact_note(sorted(float64.inexact), crit, target, measured))
+    if measured:
         lowered = PrecisionFloors(
             target.precision, float64.precision_noise, float64.precision_isolated
         )
@@ -210,6 +222,21 @@ def _auto_criterion(
             "precision floors were measured (they need torch): it is judged against fp32 noise"
         )
     return crit
+
+
+def _inexact_note(
+    tensors: Sequence[str], crit: Criterion, target: PrecisionInfo, floors: bool
+) -> str:
+    """What judges the tensors the oracle has no float64 value of (said, never silent)."""
+    named = ", ".join(repr(t) for t in tensors[:5]) + (" …" if len(tensors) > 5 else "")
+    if floors:
+        how = f"{target.precision.value} precision floors, measured from their own operands"
+    else:
+        how = f"rel_l2 > {crit.threshold:g}, a fixed threshold"
+    return (
+        f"--threshold auto: no float64 value of {plural(len(tensors), 'tensor')} ({named}): "
+        f"only ONNX Runtime computed their nodes, in float32; they are judged by {how}"
+    )
 
 
 def _float64_or_none(
@@ -267,6 +294,11 @@ def diagnose(session: Session, screened: Screened | None = None) -> Diagnosis:
     found = STRATEGIES[strategy](session, screened)
     if unasked:
         found = replace(found, cause=unasked_precision_cause(session, screened))
+    if diverged and reference_is_off(screened, found):
+        # float64 sides with the target: the reference's kernel is the less exact one, and
+        # the target is not the one that diverged.
+        session.notes.append(reference_off_note(found))
+        diverged = False
     return Diagnosis(screened, found, diverged)
 
 
@@ -287,7 +319,8 @@ def to_result(
         notes += precision_notes(
             found.nodes, setup.target_info, setup.target_precision, floors=floors
         )
-        if not diagnosis.diverged and first is not None:
+        reference_off = found.cause is not None and found.cause.kind is CauseKind.REFERENCE
+        if not diagnosis.diverged and first is not None and not reference_off:
             notes.append(
                 f"the final outputs agree, but {first.name!r} and later tensors diverge inside "
                 "the graph: the error does not reach the outputs beyond the threshold"
@@ -313,7 +346,12 @@ def to_result(
         # With agreeing outputs a cause is shown only where --always-scan asked for one (a
         # transform's scan runs anyway, and its "culprit" would contradict the exit code).
         root_cause=found.cause
-        if found and (diagnosis.diverged or (first and setup.options.always_scan))
+        if found
+        and (
+            diagnosis.diverged
+            or (first and setup.options.always_scan)
+            or (found.cause is not None and found.cause.kind is CauseKind.REFERENCE)
+        )
         else None,
         nodes=found.nodes if found else (),
         not_probed=setup.loaded.not_probed,

@@ -27,6 +27,7 @@ from onnx_bisect.result import (
     nonfinite_origin,
     nonfinite_phrase,
     precision_phrase,
+    reference_less_exact,
     target_arg,
     within_precision,
 )
@@ -205,10 +206,18 @@ def _summary(result: BisectResult) -> list[str]:
     said = precision_phrase(result)
     precision = [f"- **Precision:** {said}."] if said else []
     if not result.diverged:
-        agree = within_precision(result) or (
-            f"every final output agrees: {result.criterion.agreement()}"
+        weaker = reference_less_exact(result)
+        agree = (
+            within_precision(result)
+            or weaker
+            or f"every final output agrees: {result.criterion.agreement()}"
         )
-        return [f"**No divergence**: {agree}.", *precision, *_dataset_lines(result)]
+        lines = [f"**No divergence**: {agree}.", *precision, *_dataset_lines(result)]
+        rc = result.root_cause
+        if weaker and rc is not None:  # which node of the reference's to look at
+            names = ", ".join(code(n) for n in rc.nodes)
+            lines.append(f"- **Root cause ({rc.kind}):** {names}. {one_line(rc.reason)}")
+        return lines
     out = ["**Diverged.**", "", *precision, *_dataset_lines(result)]
     fd = result.first_divergence
     if fd is not None and fd.accumulated is not None:

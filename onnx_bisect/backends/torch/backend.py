@@ -41,6 +41,8 @@ class TorchBackend(BackendBase):
             raise BackendUnavailableError(unavailable_without_torch(device, text, missing))
         check_device(self.options.device, spec.text)
         self._weights: Any = None  # a WeightCache, made on the first run (it imports torch)
+        # ``fallback=1``: the nodes computed without torch so far, by name (``StandIn``).
+        self.stand_ins: dict[str, Any] = {}
 
     @staticmethod
     def unavailable_reason() -> str | None:
@@ -74,8 +76,11 @@ class TorchBackend(BackendBase):
 
         o = self.options
         policy = numerics(tf32=o.tf32, deterministic=o.deterministic)
-        with policy, intra_op_threads(o.threads), torch.inference_mode():
-            program.run(inputs, emit=take)
+        try:
+            with policy, intra_op_threads(o.threads), torch.inference_mode():
+                program.run(inputs, emit=take)
+        finally:
+            self._took_stand_ins(program)
 
     def _program(self, model: onnx.ModelProto) -> Any:
         import torch
@@ -93,7 +98,15 @@ class TorchBackend(BackendBase):
 
             policy, rounding = torch.float32, Rounding(o.round)
         device = torch.device(o.device)
-        return Program(model.graph, opsets, device, policy, self._weights, rounding)
+        return Program(
+            model.graph, opsets, device, policy, self._weights, rounding, fallback=o.fallback
+        )
+
+    def _took_stand_ins(self, program: Any) -> None:
+        """Each node a run computed without torch (``fallback=1``), kept and said once."""
+        for node, used in program.stand_ins.items():
+            self.stand_ins[node] = used
+            self._note(used.describe(), once=True)
 
     def run_compiled(
         self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]], compiler: str | None
@@ -115,8 +128,11 @@ class TorchBackend(BackendBase):
                 with torch.no_grad():  # tracing needs autograd's dispatch, not inference mode
                     out = compiled_run(program, inputs, compiler)
             else:
-                with torch.inference_mode():
-                    out = program.run(inputs)
+                try:
+                    with torch.inference_mode():
+                        out = program.run(inputs)
+                finally:
+                    self._took_stand_ins(program)
         # One at a time, each tensor dropped once copied: a copy of all of them beside the
         # tensors would double the run's outputs.
         arrays: Tensors = {}
