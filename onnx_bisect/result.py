@@ -424,6 +424,7 @@ def _summary_lines(r: BisectResult) -> list[Text]:
         agrees = (
             within_precision(r)
             or reference_less_exact(r)
+            or within_integer_steps(r)
             or f"{_passing(len(r.outputs))}: {r.criterion.agreement()}"
         )
         passing = f": {agrees} ({total:.2f}s)"
@@ -446,6 +447,20 @@ def _summary_lines(r: BisectResult) -> list[Text]:
                 + Text(f"rel_l2={rel} max_abs={mx}{why}")
             )
     return lines + checks + _finding_lines(r)
+
+
+def within_integer_steps(r: BisectResult) -> str:
+    """``agrees within the int8 precision: y within what its integer inputs one quantization
+    step apart make``, where one quantized model's outputs differ only so; else ""."""
+    steps = r.quant.steps if r.quant is not None else None
+    if r.diverged or steps is None:
+        return ""
+    outputs = {c.tensor for c in r.outputs if c.diverged is False and c.within_precision}
+    apart = [(t, why) for t, why in steps.apart if t in outputs]
+    if not apart:
+        return ""
+    said = "; ".join(f"{t} {why}" for t, why in apart[:3])
+    return f"agrees within the int8 precision: {said}"
 
 
 def reference_less_exact(r: BisectResult) -> str:

@@ -100,6 +100,31 @@ def block(seed: int = 0, d: int = 16) -> onnx.ModelProto:
     )
 
 
+ERF_SHAPE = (1, 960, 64)
+
+
+def erf_matmul(seed: int = 0) -> onnx.ModelProto:
+    """x -> Erf ('pre') -> MatMul ('mm') -> y: for ``quantized(..., "dynamic")``, whose
+    DynamicQuantizeLinear reads the Erf, a function runtimes compute to different last bits."""
+    rng = np.random.default_rng(seed)
+    width = ERF_SHAPE[-1]
+    weight = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+    nodes = [
+        helper.make_node("Erf", ["x"], ["p"], name="pre"),
+        helper.make_node("MatMul", ["p", "W"], ["y"], name="mm"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "erf_matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(ERF_SHAPE))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(ERF_SHAPE))],
+        [numpy_helper.from_array(weight, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 LSTM_SHAPE = (16, 2, 32)
 
 

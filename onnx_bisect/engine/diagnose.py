@@ -33,8 +33,8 @@ from onnx_bisect.engine.precision import (
     unasked_precision,
     unasked_precision_cause,
 )
-from onnx_bisect.engine.quant.pairing import integer_steps
 from onnx_bisect.engine.quant.prelude import prepare_early
+from onnx_bisect.engine.quant.steps import GRIDS, IntegerGrids, integer_grids, one_model_report
 from onnx_bisect.engine.recorded import run_feeds
 from onnx_bisect.engine.search.failure import failure_search
 from onnx_bisect.engine.session import Feeds, Session, Setup, StageTimer
@@ -47,6 +47,7 @@ from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.inputs.feeds import input_specs, validate_feeds
 from onnx_bisect.inputs.limits import nonfinite_notes
 from onnx_bisect.options import BisectOptions, ModelLike
+from onnx_bisect.quant_result import QuantReport
 from onnx_bisect.result import (
     BackendInfo,
     BisectResult,
@@ -170,11 +171,18 @@ def open_session(
     )
     memory.require(factor=2 if options.auto_threshold else 1)
     crit = options.criterion()
-    if setup.target_model is None and is_quantized(loaded):
-        crit = replace(crit, quantized=integer_steps(loaded))
     session = Session(
         setup, feeds, crit, sizes, scratch, memory, timer=timer, notes=list(setup.notes)
     )
+    if setup.target_model is None and is_quantized(loaded):
+        # One quantized model on two backends: integers compared in steps of their scales
+        # (a dynamic model's read from one reference run), flipped inputs' effect bounded.
+        grids = integer_grids(session)
+        crit = replace(crit, quantized=grids.params, quant_bounds=grids.bounds)
+        session.crit = crit
+        session.prepared[GRIDS] = grids
+        if grids.note:
+            session.notes.append(grids.note)
     if options.auto_threshold:
         job = lambda: _auto_criterion(session, crit, noise_for, oracle_in_child)  # noqa: E731
         # Over 2 GB of weights the oracle runs first, alone: beside the screen, where the
@@ -189,6 +197,19 @@ def open_session(
 # --threshold auto without float64 values: rel_l2 > 1e-3 and max_abs above 8 fp32 ulps of
 # max(1, the tensor's peak), so that outputs driven to ~1e-5 by random inputs stay quiet.
 FALLBACK_ABS_FLOOR = 1e-6
+
+
+def _one_model_quant(session: Session, diagnosis: Diagnosis) -> QuantReport | None:
+    """One quantized model on two backends: how its integers compared (report.json's
+    ``quantization``), from the outputs and every node compared."""
+    grids = session.prepared.get(GRIDS)
+    if not isinstance(grids, IntegerGrids):
+        return None
+    screened, found = diagnosis.screened, diagnosis.found
+    compared = list(screened.comparisons.values()) if screened is not None else []
+    if found is not None:
+        compared += [c for n in found.nodes for c in (n.accumulated, n.isolated) if c is not None]
+    return one_model_report(grids, compared)
 
 
 def _in_order(tally: Mapping[str, T], first: tuple[str, ...]) -> dict[str, T]:
@@ -206,7 +227,11 @@ def _auto_criterion(
     if float64 is None:
         return replace(crit, abs_floor=FALLBACK_ABS_FLOOR)
     floors = NoiseFloor(float64.values, float64.oracle_noise, float64.inexact)
-    crit = replace(session.options.noise_criterion(floors, floors.truth), quantized=crit.quantized)
+    crit = replace(
+        session.options.noise_criterion(floors, floors.truth),
+        quantized=crit.quantized,
+        quant_bounds=crit.quant_bounds,
+    )
     target = session.setup.target_precision
     measured = target.lowered and bool(float64.precision_isolated)
     if float64.inexact:
@@ -366,7 +391,7 @@ def to_result(
         chain=found.chain if found else (),
         repro=repro,
         matching=found.matching if found else None,
-        quant=found.quant if found else None,
+        quant=found.quant if found and found.quant else _one_model_quant(session, diagnosis),
         target_model=setup.target_label,
         transforms=setup.transforms,
         task_checks=tuple(checks),
