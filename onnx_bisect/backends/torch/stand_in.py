@@ -63,7 +63,7 @@ def stand_in(
             how, exact = "onnx.reference", True
         except Exception as ref_exc:  # noqa: BLE001 - any failure hands over to the next way
             try:
-                values = _onnxruntime(node, opsets, arrays)
+                values = _onnxruntime(node, opsets, arrays, tried)
             except Exception as ort_exc:  # noqa: BLE001
                 raise BackendError(
                     f"node {node.name!r} ({node.op_type}): {why}; onnx.reference alone: "
@@ -72,10 +72,18 @@ def stand_in(
                 ) from ort_exc
             how, exact = "ONNX Runtime in float32", False
         used[node.name] = StandIn(node.name, node.op_type, outputs, why, how, exact)
-        # Under the oracle's policy a float32 result (ONNX Runtime's) becomes float64 again.
-        return [None if v is None else ctx.tensor(np.asarray(v)) for v in values]
+        # Under the oracle's policy a float32 result (ONNX Runtime's) becomes float64 again;
+        # the one-node model declares the named outputs only: back to the node's positions.
+        made = iter(values)
+        return [
+            None if not name else _as_tensor(ctx, next(made, None)) for name in node.output
+        ]
 
     return op
+
+
+def _as_tensor(ctx: OpContext, value: Any) -> torch.Tensor | None:
+    return None if value is None else ctx.tensor(np.asarray(value))
 
 
 def _short(exc: BaseException) -> str:
@@ -133,17 +141,21 @@ def _onnxruntime(
     node: onnx.NodeProto,
     opsets: Mapping[str, int],
     arrays: Sequence[npt.NDArray[Any] | None],
+    tried: dict[str, Any],
 ) -> list[npt.NDArray[Any] | None]:
     import onnxruntime as ort
 
     narrowed = [
         a.astype(np.float32) if a is not None and a.dtype == np.float64 else a for a in arrays
     ]
-    model = _one_node(node, opsets, narrowed)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    key = "ort:" + ",".join(str(a.dtype) if a is not None else "-" for a in narrowed)
+    session = tried.get(key)
+    if session is None:  # one session per node and operand types, not per run
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        model = _one_node(node, opsets, narrowed)
+        session = tried[key] = ort.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
     out = session.run(None, _feeds(node, narrowed))
     return [np.asarray(v) for v in out]
