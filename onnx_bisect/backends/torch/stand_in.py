@@ -75,9 +75,7 @@ def stand_in(
         # Under the oracle's policy a float32 result (ONNX Runtime's) becomes float64 again;
         # the one-node model declares the named outputs only: back to the node's positions.
         made = iter(values)
-        return [
-            None if not name else _as_tensor(ctx, next(made, None)) for name in node.output
-        ]
+        return [None if not name else _as_tensor(ctx, next(made, None)) for name in node.output]
 
     return op
 
