@@ -84,3 +84,25 @@ def test_a_kernel_off_after_the_integers_is_still_a_culprit(tmp_path: Path) -> N
     assert result.verdict == "diverged"
     rc = result.root_cause
     assert rc is not None and rc.nodes == ("mm_quant_output_scale_mul",)
+
+
+def test_the_float64_oracle_quantizes_as_a_float32_runtime_does() -> None:
+    """DynamicQuantizeLinear's scale and zero point are float32 arithmetic: for a Tanh's
+    output in [-1, 1], -min/scale is 127.5 exactly in float64 and a hair off it in float32,
+    so an oracle computing it in float64 rounded the zero point to 128 where every runtime
+    has 127, and each of its integers sat a step from theirs (measured on a real model)."""
+    graph = helper.make_graph(
+        [helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"], name="dql")],
+        "dql",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [5])],
+        [helper.make_tensor_value_info(n, t, None) for n, t in
+         (("q", onnx.TensorProto.UINT8), ("s", onnx.TensorProto.FLOAT),
+          ("z", onnx.TensorProto.UINT8))],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = {"x": np.array([-1.0, -0.5, 0.0, 0.75, 1.0], np.float32)}
+    want = create_backend("cpu").run(model, x)
+    got = create_backend("torch:cpu?dtype=float64").run(model, x)
+    assert int(got["z"]) == int(want["z"]) == 127
+    assert np.array_equal(got["q"], want["q"])
+    assert float(got["s"]) == float(want["s"])  # the float32 scale, carried in float64
