@@ -8,7 +8,7 @@ docs/architecture.md for why we interpret instead of converting with onnx2fx.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
 import onnx
@@ -24,6 +24,9 @@ from onnx_bisect.backends.torch.devices import (
 from onnx_bisect.backends.torch.options import TorchOptions
 from onnx_bisect.compare.precision import Precision, PrecisionInfo
 from onnx_bisect.errors import BackendUnavailableError
+
+if TYPE_CHECKING:
+    from onnx_bisect.backends.torch.stand_in import StandIn
 
 __all__ = ["TorchBackend"]
 
@@ -42,7 +45,7 @@ class TorchBackend(BackendBase):
         check_device(self.options.device, spec.text)
         self._weights: Any = None  # a WeightCache, made on the first run (it imports torch)
         # ``fallback=1``: the nodes computed without torch so far, by name (``StandIn``).
-        self.stand_ins: dict[str, Any] = {}
+        self.stand_ins: dict[str, StandIn] = {}
 
     @staticmethod
     def unavailable_reason() -> str | None:
