@@ -10,7 +10,7 @@ from typing import Any
 from onnx_bisect.compare.quant import COARSE_LEVELS, QuantError, QuantKind
 from onnx_bisect.text import fmt
 
-__all__ = ["KeepInFloat", "QuantReport", "QuantRow", "Sensitivity"]
+__all__ = ["IntegerSteps", "KeepInFloat", "QuantReport", "QuantRow", "Sensitivity"]
 
 
 @dataclass(frozen=True)
@@ -135,6 +135,39 @@ class KeepInFloat:
 
 
 @dataclass(frozen=True)
+class IntegerSteps:
+    """One quantized model on two backends: how its integers were compared. ``stepped``: the
+    integer tensors compared in steps of their scales (``runtime`` of them read from the
+    reference's run); ``bounded``: accumulators and their float results held to what their
+    integer inputs one step apart make; ``apart``: the tensors found that far apart and no
+    more (within the int8 precision), each with what was measured."""
+
+    stepped: int
+    runtime: int
+    bounded: int
+    apart: tuple[tuple[str, str], ...] = ()
+
+    def line(self) -> str:
+        said = (
+            f"one model on two backends: {self.stepped} integer tensors compared in steps of "
+            f"their scales ({self.runtime} read from the reference's run), {self.bounded} "
+            "accumulators and float results held to what one-step input flips make"
+        )
+        if self.apart:
+            names = ", ".join(t for t, _ in self.apart[:5])
+            said += f"; within that precision, not a divergence: {names}"
+        return said
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stepped": self.stepped,
+            "runtime_scales": self.runtime,
+            "bounded": self.bounded,
+            "apart": [{"tensor": t, "reason": r} for t, r in self.apart],
+        }
+
+
+@dataclass(frozen=True)
 class QuantReport:
     """Pairing counts by rule, the unpaired tensors with their reasons, the per-tensor table
     (worst first), the keep-in-float answer and the per-node sensitivity (most first)."""
@@ -144,6 +177,8 @@ class QuantReport:
     rows: tuple[QuantRow, ...]
     keep: KeepInFloat | None = None
     sensitivity: tuple[Sensitivity, ...] = ()
+    # One model on two backends (no float model to pair with): how its integers compared.
+    steps: IntegerSteps | None = None
 
     @property
     def flagged(self) -> tuple[QuantRow, ...]:
@@ -159,7 +194,7 @@ class QuantReport:
 
     def lines(self) -> list[str]:
         """What the terminal and report.md say first: the answer, then what stands out."""
-        out: list[str] = []
+        out: list[str] = [self.steps.line()] if self.steps is not None else []
         if self.keep is not None:
             out += self.keep.lines()
         kinds = Counter(r.kind.value for r in self.rows)
@@ -189,4 +224,5 @@ class QuantReport:
             "tensors": [r.to_dict() for r in self.rows],
             "keep_in_float": self.keep.to_dict() if self.keep is not None else None,
             "sensitivity": [{"node": s.node, "error": s.error} for s in self.sensitivity],
+            "integer_steps": self.steps.to_dict() if self.steps is not None else None,
         }

@@ -23,7 +23,7 @@ from onnx_bisect.compare.precision import FLOAT32_DEFAULT, PrecisionInfo
 from onnx_bisect.compare.topk import TopKCheck
 from onnx_bisect.dataset_result import DatasetSummary
 from onnx_bisect.graph.match import Matching
-from onnx_bisect.graph.source import SourceInfo
+from onnx_bisect.graph.source import SourceInfo, shown_source, source_lines
 from onnx_bisect.graph.view import NodeInfo, NotProbed
 from onnx_bisect.pass_result import PassBisection, PassOutcome, PassScope, target_arg
 from onnx_bisect.quant_result import QuantReport
@@ -64,8 +64,6 @@ __all__ = [
     "lowered_by_runtime",
     "no_divergence_found",
     "nonfinite_origin",
-    "shown_source",
-    "source_lines",
     "nonfinite_phrase",
     "target_arg",
 ]
@@ -368,7 +366,12 @@ def _summary_lines(r: BisectResult) -> list[Text]:
     precision = _precision_lines(r)
     if not r.diverged:
         total = r.timings.get("total", 0.0)
-        agrees = within_precision(r) or f"{_passing(len(r.outputs))}: {agreement(r)}"
+        agrees = (
+            within_precision(r)
+            or reference_less_exact(r)
+            or within_integer_steps(r)
+            or f"{_passing(len(r.outputs))}: {agreement(r)}"
+        )
         passing = f": {agrees} ({total:.2f}s)"
         lines = [Text.assemble(("No divergence", "green"), ": ", head, passing), *dataset]
         lines += precision + checks
@@ -440,6 +443,31 @@ def agreement(r: BisectResult) -> str:
     return r.criterion.agreement(worst, largest=len(scored) > 1)
 
 
+def within_integer_steps(r: BisectResult) -> str:
+    """``agrees within the int8 precision: y within what its integer inputs one quantization
+    step apart make``, where one quantized model's outputs differ only so; else ""."""
+    steps = r.quant.steps if r.quant is not None else None
+    if r.diverged or steps is None:
+        return ""
+    outputs = {c.tensor for c in r.outputs if c.diverged is False and c.within_precision}
+    apart = [(t, why) for t, why in steps.apart if t in outputs]
+    if not apart:
+        return ""
+    said = "; ".join(f"{t} {why}" for t, why in apart[:3])
+    return f"agrees within the int8 precision: {said}"
+
+
+def reference_less_exact(r: BisectResult) -> str:
+    """``the target agrees with float64; the reference's DynamicQuantizeLSTM 'lstm' is the
+    less exact side``, where float64 sided with the target (no divergence); else ""."""
+    rc = r.root_cause
+    if r.diverged or rc is None or rc.kind is not CauseKind.REFERENCE:
+        return ""
+    node = next((n for n in r.nodes if n.name in rc.nodes), None)
+    where = f"{node.op_type} {node.name!r}" if node is not None else ", ".join(rc.nodes)
+    return f"the target agrees with float64; the reference's {where} is the less exact side"
+
+
 def within_precision(r: BisectResult) -> str:
     """``agrees within float16 precision: 234 nodes, largest output error 4.4e-4, float16
     predicts ≤ 6e-4``, where a lower precision's floors judged the outputs; else ""."""
@@ -501,7 +529,7 @@ def _finding_lines(r: BisectResult) -> list[Text]:
         lines = [Text.assemble(label, f": {fd.op_type} ", (fd.name, "cyan"), phrase)]
     else:
         lines = [Text.assemble(label, f": {no_divergence_found(r)}")]
-    if fd is not None and (src := shown_source(r, fd.name)) is not None:
+    if fd is not None and (src := shown_source(r.sources, fd.name)) is not None:
         lines.append(Text(f"  from {src}"))
     origin = nonfinite_origin(r)
     if origin is not None:
@@ -512,37 +540,21 @@ def _finding_lines(r: BisectResult) -> list[Text]:
         )
     rc = r.root_cause
     if rc is not None:
-        head, below = ("Root cause", "") if r.diverged else (INSIDE_CAUSE, f"; {INSIDE}")
+        own = r.diverged or rc.kind is CauseKind.REFERENCE  # a cause of its own, not inside
+        head, below = ("Root cause", "") if own else (INSIDE_CAUSE, f"; {INSIDE}")
         names = Text.assemble((", ".join(rc.nodes), "cyan"), " — ") if rc.nodes else Text()
         lines.append(
             Text.assemble((head, "bold"), " (", (str(rc.kind), "red"), f"{below}): ")
             + names
             + Text(rc.reason)
         )
-        lines += [Text(f"  from {line}") for line in source_lines(r, rc.nodes)]
+        lines += [Text(f"  from {line}") for line in source_lines(r.sources, rc.nodes)]
         if rc.message:
             lines.append(Text.assemble(("The target said", "bold"), ":"))
             lines += [Text(f"  {line}" if line.strip() else "") for line in rc.message.splitlines()]
     if r.pass_bisection is not None:
         lines.append(Text.assemble(("Optimizer pass", "bold"), f": {r.pass_bisection.summary()}"))
     return lines
-
-
-def source_lines(r: BisectResult, nodes: tuple[str, ...]) -> list[str]:
-    """Where ``nodes`` come from, a line per module (three at most), for the root cause."""
-    seen: list[str] = []
-    for name in nodes:
-        src = shown_source(r, name)
-        if src is not None and src not in seen:
-            seen.append(src)
-    return seen[:3]
-
-
-def shown_source(r: BisectResult, name: str) -> str | None:
-    """Where node ``name`` comes from, where that says more than its name (report.json has
-    the module path of a scoped name too)."""
-    src = r.sources.get(name)
-    return src.describe() if src is not None and src.beyond_name else None
 
 
 # What a diagnosis whose outputs agree calls what it found inside the graph.

@@ -74,6 +74,10 @@ class Criterion:
     # How many steps apart such a tensor may be: one per integer kernel that rounded it (a
     # window of nodes run together rounds once in each).
     quant_steps: int = 1
+    # One quantized model on two backends: per accumulator of an integer kernel (and its float
+    # result), the largest difference per last-axis column that its integer inputs one step
+    # apart can make. Held only where the inputs may differ (not ``for_isolation``).
+    quant_bounds: Mapping[str, Array] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
@@ -127,8 +131,11 @@ class Criterion:
         return self.k * floor + self.eps, floor
 
     def for_isolation(self) -> Criterion:
-        """The criterion for nodes fed the reference's values: isolated precision floors."""
-        return self if self.floors is None else replace(self, isolating=True)
+        """The criterion for nodes fed the reference's values: isolated precision floors, and
+        no bounds for flipped integer inputs (a kernel fed the reference's own integers)."""
+        if self.floors is None and not self.quant_bounds:
+            return self
+        return replace(self, isolating=self.floors is not None, quant_bounds=None)
 
     @property
     def allclose(self) -> bool:

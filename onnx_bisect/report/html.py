@@ -16,6 +16,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from onnx_bisect.graph.source import shown_source, source_lines
 from onnx_bisect.report.escape import shell
 from onnx_bisect.report.format import chain_line, first_divergence_phrase, fmt_error, search_line
 from onnx_bisect.report.markdown import step_list
@@ -34,8 +35,6 @@ from onnx_bisect.result import (
     nonfinite_origin,
     nonfinite_phrase,
     precision_phrase,
-    shown_source,
-    source_lines,
     within_precision,
 )
 from onnx_bisect.text import fmt, fmt_amp, plural
@@ -134,7 +133,7 @@ def _summary(r: BisectResult) -> list[str]:
             if acc is not None and acc.diverged
             else first_divergence_phrase(fd)
         )
-        if (src := shown_source(r, fd.name)) is not None:
+        if (src := shown_source(r.sources, fd.name)) is not None:
             what += f" (from {src})"
         label = "First divergence" if r.diverged else f"{INSIDE_FIRST} ({INSIDE})"
         facts.append((label, f"{_node(fd)}: {escape(what)}"))
@@ -148,7 +147,7 @@ def _summary(r: BisectResult) -> list[str]:
     if rc is not None:
         names = ", ".join(f"<code>{escape(n)}</code>" for n in rc.nodes)
         text = f"<b>{escape(rc.kind.value)}</b>: {f'{names}. ' if names else ''}{escape(rc.reason)}"
-        text += "".join(f"<br>from {escape(line)}" for line in source_lines(r, rc.nodes))
+        text += "".join(f"<br>from {escape(line)}" for line in source_lines(r.sources, rc.nodes))
         if rc.message:
             text += f"<br>The target said:<pre>{escape(rc.message)}</pre>"
         if rc.model_message:

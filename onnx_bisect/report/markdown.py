@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from onnx_bisect.graph.source import shown_source, source_lines
 from onnx_bisect.report.escape import cell, code, one_line, shell
 from onnx_bisect.report.format import (
     chain_line,
@@ -31,8 +32,7 @@ from onnx_bisect.result import (
     nonfinite_origin,
     nonfinite_phrase,
     precision_phrase,
-    shown_source,
-    source_lines,
+    reference_less_exact,
     target_arg,
     within_precision,
 )
@@ -223,8 +223,18 @@ def _summary(result: BisectResult) -> list[str]:
     said = precision_phrase(result)
     precision = [f"- **Precision:** {said}."] if said else []
     if not result.diverged:
-        agree = within_precision(result) or (f"every final output agrees: {agreement(result)}")
-        return [f"**No divergence**: {agree}.", *precision, *_dataset_lines(result)]
+        weaker = reference_less_exact(result)
+        agree = (
+            within_precision(result)
+            or weaker
+            or f"every final output agrees: {agreement(result)}"
+        )
+        lines = [f"**No divergence**: {agree}.", *precision, *_dataset_lines(result)]
+        rc = result.root_cause
+        if weaker and rc is not None:  # which node of the reference's to look at
+            names = ", ".join(code(n) for n in rc.nodes)
+            lines.append(f"- **Root cause ({rc.kind}):** {names}. {one_line(rc.reason)}")
+        return lines
     out = [f"**{headline(result)}.**", "", *precision, *_dataset_lines(result)]
     fd = result.first_divergence
     if fd is not None and fd.accumulated is not None:
@@ -239,7 +249,7 @@ def _summary(result: BisectResult) -> list[str]:
         out.append(f"- **First divergence:** {node_label(fd)}: {first_divergence_phrase(fd)}.")
     else:
         out.append(f"- **First divergence:** {no_divergence_found(result)}.")
-    if fd is not None and (src := shown_source(result, fd.name)) is not None:
+    if fd is not None and (src := shown_source(result.sources, fd.name)) is not None:
         out.append(f"  - from {one_line(src)}")
     origin = nonfinite_origin(result)
     if origin is not None:
@@ -251,7 +261,7 @@ def _summary(result: BisectResult) -> list[str]:
         names = ", ".join(code(n) for n in rc.nodes)
         reason = one_line(rc.reason)
         out.append(f"- **Root cause ({rc.kind}):** {f'{names}. ' if names else ''}{reason}")
-        out += [f"  - from {one_line(line)}" for line in source_lines(result, rc.nodes)]
+        out += [f"  - from {one_line(line)}" for line in source_lines(result.sources, rc.nodes)]
         if rc.message:
             out += ["", "The target said:", "", *fenced(rc.message), ""]
         if rc.model_message:

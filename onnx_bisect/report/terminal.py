@@ -30,10 +30,17 @@ from onnx_bisect.report.format import (
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
 
-__all__ = ["THRESHOLD_FELL_BACK", "print_summary"]
+__all__ = ["NO_FLOAT64_VALUE", "ORACLE_STAND_IN", "THRESHOLD_FELL_BACK", "print_summary"]
 
 # How engine/diagnose.py's note begins when no float64 oracle ran for ``--threshold auto``.
 THRESHOLD_FELL_BACK = "--threshold auto: no float64 values"
+# ... when the oracle ran, but some nodes' values are not float64 ones (engine/diagnose.py).
+NO_FLOAT64_VALUE = "--threshold auto: no float64 value of"
+# How the oracle's note on a node torch did not compute begins (engine/oracle/job.py).
+ORACLE_STAND_IN = "float64 oracle: "
+
+# Notes that say what the verdict was judged against: printed next to it, whatever it is.
+_JUDGED_BY = (THRESHOLD_FELL_BACK, NO_FLOAT64_VALUE, ORACLE_STAND_IN)
 
 _VERDICT_STYLE = {
     "culprit": "bold red",
@@ -51,10 +58,12 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
     console = console or Console()
     console.print(result.summary_text())
     for note in result.notes:
-        # The verdict was judged against a fixed threshold, not the noise floor asked for: a
-        # small fault can pass it, so this is said next to the verdict, not among the notes.
-        if note.startswith(THRESHOLD_FELL_BACK):
+        # The verdict was judged against a fixed threshold, not the noise floor asked for (a
+        # small fault can pass it), or some floors came another way: said next to the verdict.
+        if note.startswith((THRESHOLD_FELL_BACK, NO_FLOAT64_VALUE)):
             console.print(Text.assemble(("warning:", "bold yellow"), f" {note}"))
+        elif note.startswith(ORACLE_STAND_IN):
+            console.print(Text.assemble(("note:", "dim"), f" {note}"))
     if not result.diverged and not result.nodes:
         return
     _print_table(result, console, top)
@@ -64,7 +73,7 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
         for line in curve_lines(result):
             console.print(line, markup=False, highlight=False)
     for note in result.notes:
-        if not note.startswith(THRESHOLD_FELL_BACK):
+        if not note.startswith(_JUDGED_BY):
             console.print(Text.assemble(("note:", "dim"), f" {note}"))
     if result.search is not None:
         console.print(Text(search_line(result), style="dim"))
