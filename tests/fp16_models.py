@@ -78,3 +78,39 @@ BROKEN = {
     "output_read_inside": (output_read_inside, "mul"),
     "cast_in_loop": (cast_in_loop, "body_cast"),
 }
+
+
+OVERFLOW_SHAPE = (1, 4, 64)
+
+
+def matmul_overflow(scale: float = 3000.0) -> onnx.ModelProto:
+    """x (in [0, 1)) -> MatMul by weights near ``scale`` and its bias Add (a Linear as
+    exported; each output near 0.5 x 64 x 3000 ~ 1e5, beyond float16's 65504) ->
+    LayerNormalization -> MatMul -> Relu -> y. In float32 the LayerNorm brings the values back
+    to unit size; in float16 the first MatMul overflows to Inf and the LayerNorm gives NaN.
+    (Without the Add, ONNX Runtime's CPU provider, which has no float16 MatMul or LayerNorm
+    kernel, keeps the MatMul's output in float32 between the two.) ``scale=1`` is a model
+    float16 runs fine."""
+    rng = np.random.default_rng(0)
+    d = OVERFLOW_SHAPE[-1]
+    w1 = scale * (1.0 + 0.1 * rng.standard_normal((d, d)))
+    w2 = rng.standard_normal((d, 16)) / np.sqrt(d)
+    inits = [
+        numpy_helper.from_array(w1.astype(np.float32), "w1"),
+        numpy_helper.from_array(np.zeros(d, np.float32), "b1"),
+        numpy_helper.from_array(np.ones(d, np.float32), "gamma"),
+        numpy_helper.from_array(np.zeros(d, np.float32), "beta"),
+        numpy_helper.from_array(w2.astype(np.float32), "w2"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="up"),
+        helper.make_node("Add", ["h", "b1"], ["hb"], name="up_bias"),
+        helper.make_node(
+            "LayerNormalization", ["hb", "gamma", "beta"], ["n"], name="norm", axis=-1
+        ),
+        helper.make_node("MatMul", ["n", "w2"], ["p"], name="down"),
+        helper.make_node("Relu", ["p"], ["y"], name="act"),
+    ]
+    return make(
+        nodes, [_vi("x", list(OVERFLOW_SHAPE))], [_vi("y", [*OVERFLOW_SHAPE[:2], 16])], inits
+    )

@@ -46,6 +46,7 @@ from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.inputs.feeds import input_specs, validate_feeds
 from onnx_bisect.inputs.limits import nonfinite_notes
 from onnx_bisect.options import BisectOptions, ModelLike
+from onnx_bisect.quant_result import KeepInFp32
 from onnx_bisect.result import BackendInfo, BisectResult, Outcome, PassBisection, ReproInfo
 from onnx_bisect.transforms.apply import transformed
 from onnx_bisect.transforms.registry import TransformRecord
@@ -275,6 +276,7 @@ def to_result(
     diagnosis: Diagnosis,
     repro: ReproInfo | None,
     passes: PassBisection | None = None,
+    fp32: KeepInFp32 | None = None,
 ) -> BisectResult:
     """The ``BisectResult`` of a diagnosis, with the bundle written for it (if any)."""
     setup, found, screened = session.setup, diagnosis.found, diagnosis.screened
@@ -329,6 +331,7 @@ def to_result(
         repro=repro,
         matching=found.matching if found else None,
         quant=found.quant if found else None,
+        keep_fp32=fp32,
         target_model=setup.target_label,
         transforms=setup.transforms,
         task_checks=tuple(checks),

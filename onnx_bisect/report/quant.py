@@ -6,17 +6,36 @@ from __future__ import annotations
 
 from html import escape
 
-from onnx_bisect.quant_result import QuantReport, QuantRow
+from onnx_bisect.quant_result import KeepInFp32, QuantReport, QuantRow
 from onnx_bisect.report.escape import cell, code
 from onnx_bisect.text import fmt
 
-__all__ = ["quant_html", "quant_markdown"]
+__all__ = ["keep_fp32_markdown", "quant_html", "quant_markdown"]
 
 ROWS = 12  # table rows shown; report.json has them all
 
 
 def _state(verified: bool) -> str:
     return "verified by a run of the patched model" if verified else "NOT verified"
+
+
+def keep_fp32_markdown(k: KeepInFp32) -> list[str]:
+    """A float16 conversion's keep-in-fp32 answer: the set, its effect, the call to paste."""
+    out = ["## Keep in float32", ""]
+    if not (k.nodes or k.ops):
+        return [*out, f"No set found ({k.runs} runs): {k.note}"]
+    state = f"verified by {k.verified_by}" if k.verified else "NOT verified"
+    named = k.ops if k.kind == "op_block_list" else k.nodes
+    out += [
+        f"**{k.kind}** {', '.join(code(n) for n in named)} ({state}; {k.runs} runs): "
+        f"{k.goal}; worst output rel_l2 {fmt(k.before)} → {fmt(k.after)}",
+        "",
+        "```python",
+        "from onnxconverter_common import float16",
+        f"model = {k.call}",
+        "```",
+    ]
+    return out + (["", k.note] if k.note else [])
 
 
 def quant_markdown(q: QuantReport) -> list[str]:

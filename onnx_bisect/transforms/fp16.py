@@ -31,7 +31,16 @@ import onnx
 from onnx_bisect.errors import ModelLoadError
 from onnx_bisect.transforms.validity import broken_by
 
-__all__ = ["BLOCKS_KEY", "BlockList", "already_low", "blocks_of", "convert", "fp16"]
+__all__ = [
+    "BLOCKS_KEY",
+    "BlockList",
+    "already_low",
+    "base_blocks",
+    "blocks_of",
+    "convert",
+    "fp16",
+    "valid_conversion",
+]
 
 _FLOAT, _FLOAT16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
 # Where the converted model records the block list it was converted with, for the
@@ -115,6 +124,16 @@ def fp16(model: onnx.ModelProto, arg: str | None, shapes: dict[str, Sequence[int
             f"the model is already float16 ({share}% of its float tensors): not converted, "
             "judged at its own float16 precision",
         )
+    converted, blocks = valid_conversion(model, base_blocks(model))
+    converted.metadata_props.add(key=BLOCKS_KEY, value=blocks.to_json())
+    # The call only where it differs from the plain one: then it is what the user pastes.
+    notes = [*blocks.reasons, f"converted as {blocks.call()}"] if blocks.reasons else []
+    return converted, tuple(notes)
+
+
+def base_blocks(model: onnx.ModelProto) -> BlockList:
+    """What stays float32 before onnx is asked: a quantized model's integer parts and each
+    ``Cast(to=FLOAT)`` of the model's own."""
     from onnxconverter_common import float16
 
     blocks = quantized_blocks(model)
@@ -125,12 +144,7 @@ def fp16(model: onnx.ModelProto, arg: str | None, shapes: dict[str, Sequence[int
     ]
     if casts:
         blocks = blocks.plus(casts, why=_CAST_WHY.format(n=len(casts)))
-    blocks = replace(blocks, mixed=bool(float16.check_if_fp16_ready(model.graph)))
-    converted, blocks = valid_conversion(model, blocks)
-    converted.metadata_props.add(key=BLOCKS_KEY, value=blocks.to_json())
-    # The call only where it differs from the plain one: then it is what the user pastes.
-    notes = [*blocks.reasons, f"converted as {blocks.call()}"] if blocks.reasons else []
-    return converted, tuple(notes)
+    return replace(blocks, mixed=bool(float16.check_if_fp16_ready(model.graph)))
 
 
 _CAST_WHY = (
