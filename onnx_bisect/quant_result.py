@@ -180,6 +180,9 @@ class KeepInFp32:
     verified_by: str
     runs: int
     note: str = ""
+    # A line to run before ``call`` where the set names nodes unnamed in the file: it gives
+    # them the names onnx-bisect gave them.
+    prepare: str = ""
 
     def line(self) -> str:
         """The answer in one line, as the terminal says it."""
@@ -206,4 +209,5 @@ class KeepInFp32:
             "verified_by": self.verified_by,
             "runs": self.runs,
             "note": self.note or None,
+            "prepare": self.prepare or None,
         }

@@ -438,7 +438,7 @@ def _summary_lines(r: BisectResult) -> list[Text]:
         k = r.keep_fp32
         lines.append(Text.assemble(("Keep in float32", "bold"), f": {k.line()}"))
         if k.nodes or k.ops:
-            lines.append(Text(f"  {k.call}"))
+            lines += [Text(f"  {line}") for line in (k.prepare, k.call) if line]
     for c in r.outputs:
         if c.diverged:
             rel, mx = c.shown("rel_l2"), c.shown("max_abs")

@@ -114,3 +114,28 @@ def matmul_overflow(scale: float = 3000.0) -> onnx.ModelProto:
     return make(
         nodes, [_vi("x", list(OVERFLOW_SHAPE))], [_vi("y", [*OVERFLOW_SHAPE[:2], 16])], inits
     )
+
+
+def batchnorm_variance(variance: float = 1e7) -> onnx.ModelProto:
+    """Conv -> BatchNormalization whose variance comes from a Constant of ``variance`` (PP-OCRv4
+    det's first BatchNorm holds 1.0e7 to 9.8e7) -> Relu. onnxconverter-common clamps it to
+    1e4, so the float16 copy's BatchNorm divides by 100 instead of 3162."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((4, 3, 3, 3)) * 300).astype(np.float32)
+    params = {
+        "scale": np.ones(4, np.float32),
+        "bias": np.zeros(4, np.float32),
+        "mean": np.zeros(4, np.float32),
+        "var": np.full(4, variance, np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        *(
+            helper.make_node("Constant", [], [k], name=f"bn_{k}", value=numpy_helper.from_array(v))
+            for k, v in params.items()
+        ),
+        helper.make_node("BatchNormalization", ["c", *params], ["b"], name="bn"),
+        helper.make_node("Relu", ["b"], ["y"], name="relu"),
+    ]
+    inits = [numpy_helper.from_array(w, "w")]
+    return make(nodes, [_vi("x", [1, 3, 8, 8])], [_vi("y", [1, 4, 8, 8])], inits)

@@ -135,3 +135,22 @@ def test_three_overflows_keep_the_three_matmuls_where_they_start(tmp_path: Path)
     ops = "float16.convert_float_to_float16(model, keep_io_types=True, " \
         "op_block_list=float16.DEFAULT_OP_BLOCK_LIST + ['MatMul'])"  # fmt: skip
     assert np.isnan(_ort(_apply_as_printed(ops, model), x)).all()
+
+
+@pytest.mark.slow
+def test_a_constant_beyond_float16_gets_no_block_list_and_the_way_out(tmp_path: Path) -> None:
+    """PP-OCRv4 det's case: a BatchNorm variance of 1e7 held in a Constant. onnxconverter-common
+    casts a kept Constant's output to float16 all the same, so no block list holds: the
+    answer says so, names the Constant, and says what does (folding the BatchNorm)."""
+    code, text, report = _run(fp16_models.batchnorm_variance(), tmp_path)
+    assert code == 1, text
+    keep = report["keep_in_fp32"]
+    assert isinstance(keep, dict) and keep["nodes"] == [] and keep["ops"] == []
+    assert keep["note"] == (
+        "bn_var holds values up to 1e+07, beyond float16's 65504, and onnxconverter-common "
+        "casts a kept Constant's output to float16 all the same (and converts a kept node's "
+        "initializers once it has cast its inputs): no block list keeps it; fold bn into the "
+        "Conv before it first (onnxsim, or onnxoptimizer's fuse_bn_into_conv; here: "
+        "+onnxsim+fp16)"
+    )
+    assert "Keep in float32: no set found: bn_var holds values up to 1e+07" in text

@@ -22,8 +22,10 @@ import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
 import onnx
+from onnx import numpy_helper
 
 from onnx_bisect.compare.precision import Precision
 from onnx_bisect.compare.tensors import compare_tensors
@@ -36,7 +38,14 @@ from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.quant_result import KeepInFp32
 from onnx_bisect.result import Verdict
 from onnx_bisect.text import plural
-from onnx_bisect.transforms.fp16 import BlockList, already_low, base_blocks, blocks_of
+from onnx_bisect.transforms.fp16 import (
+    NAME_NODES,
+    BlockList,
+    already_low,
+    base_blocks,
+    blocks_of,
+    names_given,
+)
 from onnx_bisect.transforms.fp16 import valid_conversion as convert_valid
 
 __all__ = ["SEARCH_RUNS", "keep_in_fp32"]
@@ -48,6 +57,8 @@ log = logging.getLogger(__name__)
 SEARCH_RUNS = 48
 # The verdicts that make a node a suspect: its own error, or a value float16 cannot hold.
 _FLAGGED = frozenset({Verdict.CULPRIT, Verdict.RANGE, Verdict.PARAMETER, Verdict.PATTERN})
+# An output this far off has none of its values left (rel_l2 of an all-zero output is 1).
+_NO_SIGNAL = 1.0
 # An op type is the answer (op_block_list) where the node set holds this many of it, only.
 _OP_WIDE = 3
 
@@ -124,6 +135,8 @@ def keep_in_fp32(session: Session, diagnosis: Diagnosis) -> KeepInFp32 | None:
     with session.timer.stage("keep in fp32"):
         before, _ = trials.measure(())
         keep, note = _search(trials, candidates, _pools(graph, suspects, candidates))
+        if not keep:
+            note = _beyond_range(graph, suspects) or note
         # What onnx made the conversion keep with the set (an initializer shared with a
         # kept node, say) is part of the answer: the printed call keeps it too.
         keep = _added(converted.get((frozenset(keep), frozenset())), base) or keep
@@ -139,6 +152,7 @@ def keep_in_fp32(session: Session, diagnosis: Diagnosis) -> KeepInFp32 | None:
         kind="op_block_list" if ops else "node_block_list",
         ops=ops,
         call=final.call(),
+        prepare=NAME_NODES if names_given(final.nodes, graph.model.graph) else "",
         goal=goal,
         before=before,
         after=after,
@@ -148,6 +162,43 @@ def keep_in_fp32(session: Session, diagnosis: Diagnosis) -> KeepInFp32 | None:
         runs=trials.runs,
         note=note,
     )
+
+
+# float16's largest finite value.
+_FP16_MAX = 65504.0
+
+
+def _beyond_range(graph: LoadedModel, suspects: Sequence[str]) -> str:
+    """Why no block list can hold, where a flagged Constant holds values float16 cannot:
+    onnxconverter-common 1.16 casts a kept Constant's output back to float16 (its cleanup
+    keeps a Cast after a Constant), and a kept node's initializers are converted once it has
+    cast its inputs. A BatchNormalization's variance (PP-OCRv4 det: 9.8e7) folds into the
+    Conv before it, whose weights float16 holds."""
+    for name in suspects:
+        node = graph.node_protos.get(name)
+        if node is None or node.op_type != "Constant":
+            continue
+        values = [numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"]
+        if not values or values[0].dtype.kind != "f" or not values[0].size:
+            continue
+        largest = float(np.abs(values[0]).max())
+        if largest <= _FP16_MAX:
+            continue
+        readers = [r for o in node.output for r in graph.readers.get(o, ())]
+        text = (
+            f"{name} holds values up to {largest:.3g}, beyond float16's 65504, and "
+            "onnxconverter-common casts a kept Constant's output to float16 all the same (and "
+            "converts a kept node's initializers once it has cast its inputs): no block list "
+            "keeps it"
+        )
+        norms = [r.name for r in readers if r.op_type == "BatchNormalization"]
+        if norms:
+            text += (
+                f"; fold {', '.join(norms)} into the Conv before it first (onnxsim, or "
+                "onnxoptimizer's fuse_bn_into_conv; here: +onnxsim+fp16)"
+            )
+        return text
+    return ""
 
 
 def _added(blocks: BlockList | None, base: BlockList) -> tuple[str, ...]:
@@ -231,7 +282,9 @@ def _goal(session: Session, ref_out: Tensors) -> tuple[_Measure, str]:
             rel = c.metrics.get("rel_l2", math.inf) if not c.range_problem else math.inf
             worst = max(worst, rel if rel == rel else math.inf)
             ok = ok and not c.diverged
-        return worst, worst <= goal if goal is not None else ok
+        # rel_l2 >= 1: an output that lost its values (all zero) is no answer, whatever the
+        # floors allow (a detector's tiny probabilities on random input have floors above 1).
+        return worst, worst <= goal if goal is not None else ok and worst < _NO_SIGNAL
 
     if goal is not None:
         return measure, f"worst output rel_l2 <= {goal:g} (--quant-goal)"

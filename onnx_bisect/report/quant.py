@@ -32,6 +32,7 @@ def keep_fp32_markdown(k: KeepInFp32) -> list[str]:
         "",
         "```python",
         "from onnxconverter_common import float16",
+        *([k.prepare] if k.prepare else []),
         f"model = {k.call}",
         "```",
     ]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -33,12 +34,14 @@ from onnx_bisect.transforms.validity import broken_by
 
 __all__ = [
     "BLOCKS_KEY",
+    "NAME_NODES",
     "BlockList",
     "already_low",
     "base_blocks",
     "blocks_of",
     "convert",
     "fp16",
+    "names_given",
     "valid_conversion",
 ]
 
@@ -96,6 +99,17 @@ class BlockList:
         return json.dumps({"nodes": list(self.nodes), "ops": list(self.ops), "mixed": self.mixed})
 
 
+# The line that gives a model's unnamed nodes the names onnx-bisect gave them (``graph/load.py``
+# names them on load), so that a block list naming one means the same node in the user's file.
+NAME_NODES = "from onnx_bisect.graph.load import name_nodes; name_nodes(model.graph, [])"
+
+
+def names_given(names: Sequence[str], graph: onnx.GraphProto) -> bool:
+    """Whether any of ``names`` is one onnx-bisect gave an unnamed node (``{op_type}_{i}``)."""
+    ops = {n.name: n.op_type for n in graph.node}
+    return any(n in ops and re.fullmatch(rf"{re.escape(ops[n])}_\d+(__\d+)?", n) for n in names)
+
+
 def blocks_of(model: onnx.ModelProto) -> BlockList | None:
     """The block list a ``+fp16`` conversion recorded on ``model``, if any."""
     for prop in model.metadata_props:
@@ -127,7 +141,10 @@ def fp16(model: onnx.ModelProto, arg: str | None, shapes: dict[str, Sequence[int
     converted, blocks = valid_conversion(model, base_blocks(model))
     converted.metadata_props.add(key=BLOCKS_KEY, value=blocks.to_json())
     # The call only where it differs from the plain one: then it is what the user pastes.
-    notes = [*blocks.reasons, f"converted as {blocks.call()}"] if blocks.reasons else []
+    call = blocks.call()
+    if names_given(blocks.nodes, model.graph):
+        call = f"{NAME_NODES}; {call}"
+    notes = [*blocks.reasons, f"converted as {call}"] if blocks.reasons else []
     return converted, tuple(notes)
 
 
@@ -161,14 +178,18 @@ def convert(model: onnx.ModelProto, blocks: BlockList) -> onnx.ModelProto:
     # The caller inferred the shapes on the message without its weights (the registry's
     # ``infer_shapes``): the converter's own inference serializes the whole model, past 2 GB
     # in vain.
-    return float16.convert_float_to_float16(  # type: ignore[no-any-return]
-        copy.deepcopy(model),
-        keep_io_types=True,
-        disable_shape_infer=True,
-        op_block_list=[*float16.DEFAULT_OP_BLOCK_LIST, *blocks.ops],
-        node_block_list=list(blocks.nodes),
-        check_fp16_ready=not blocks.mixed,
-    )
+    with warnings.catch_warnings():
+        # One UserWarning per weight value it clamps to ±1e4 or ±1e-7: thousands of lines on a
+        # real model, printed by the keep-in-fp32 search's conversions in the tool's process.
+        warnings.simplefilter("ignore", UserWarning)
+        return float16.convert_float_to_float16(  # type: ignore[no-any-return]
+            copy.deepcopy(model),
+            keep_io_types=True,
+            disable_shape_infer=True,
+            op_block_list=[*float16.DEFAULT_OP_BLOCK_LIST, *blocks.ops],
+            node_block_list=list(blocks.nodes),
+            check_fp16_ready=not blocks.mixed,
+        )
 
 
 _NODE = re.compile(r"node name: ([^)]*)\)")
