@@ -154,3 +154,23 @@ def test_a_constant_beyond_float16_gets_no_block_list_and_the_way_out(tmp_path: 
         "+onnxsim+fp16)"
     )
     assert "Keep in float32: no set found: bn_var holds values up to 1e+07" in text
+
+
+@pytest.mark.slow
+def test_an_fp16_target_model_gets_the_same_answer(tmp_path: Path) -> None:
+    """The user's own float16 copy as --target-model: the set is verified by converting the
+    float model, as the user would convert it again."""
+    from onnxconverter_common import float16
+
+    model = fp16_models.matmul_overflow()
+    onnx.save(model, str(tmp_path / "float.onnx"))
+    half = float16.convert_float_to_float16(model, keep_io_types=True)
+    onnx.save(half, str(tmp_path / "half.onnx"))
+    res = CliRunner().invoke(
+        bisect_app,
+        [str(tmp_path / "float.onnx"), "-t", "cpu", "--target-model", str(tmp_path / "half.onnx"),
+         "--no-repro", "--out", str(tmp_path / "out")],
+    )  # fmt: skip
+    assert res.exit_code == 1, res.output
+    keep = json.loads((tmp_path / "out" / "report.json").read_text())["keep_in_fp32"]
+    assert keep["nodes"] == ["up"] and keep["verified"] is True
