@@ -34,6 +34,7 @@ from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.passes.search import find_guilty
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError, ModelLoadError
+from onnx_bisect.graph.sizes import model_bytes
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.quant_result import KeepInFp32
 from onnx_bisect.result import Verdict
@@ -108,6 +109,11 @@ def keep_in_fp32(session: Session, diagnosis: Diagnosis) -> KeepInFp32 | None:
     graph = setup.loaded
     if already_low(graph.model) > 50:
         return None  # a float16 model judged as it is: there is no float32 model to convert
+    if not model_bytes(graph.model).fits:
+        # Each trial copies and converts the model in this process: past 2 GB, onnx's
+        # inference serializes it in vain.
+        log.info("keep in float32 not searched: the model is over 2 GB")
+        return None
     flagged = [n.name for n in found.nodes if n.verdict in _FLAGGED]
     flagged += found.cause.nodes if found.cause is not None else ()
     if not flagged:
@@ -125,7 +131,9 @@ def keep_in_fp32(session: Session, diagnosis: Diagnosis) -> KeepInFp32 | None:
             model, blocks = convert_valid(inferred, base.plus(list(keep), list(ops)))
             converted[frozenset(keep), frozenset(ops)] = blocks
             out = timed_run(session.target, model, session.feeds, "target", session.stats)
-        except (BackendError, ModelLoadError) as exc:
+        except (BackendError, ModelLoadError, ValueError, KeyError) as exc:
+            # The converter itself raises ValueError or KeyError on some block lists (its cast
+            # cleanup: "The downstream node of the second cast node should be graph output").
             log.info("keeping %s %s in float32 failed: %s", sorted(keep), sorted(ops), exc)
             return math.inf, False
         return measure(out)
