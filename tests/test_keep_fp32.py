@@ -74,6 +74,8 @@ def test_a_matmul_overflowing_float16_is_kept_in_float32_and_the_call_holds(
         "target (onnxruntime CPUExecutionProvider opt=all)" in text  # fmt: skip
     md = (tmp_path / "out" / "report.md").read_text()
     assert f"model = {keep['call']}" in md
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "<h2>Keep in float32</h2>" in html and "node_block_list=[&#x27;up&#x27;]" in html
     # Applied exactly as printed, on the float model, by the user's own converter call.
     x = np.random.default_rng(1).random(fp16_models.OVERFLOW_SHAPE).astype(np.float32)
     ref = _ort(model, x)

@@ -10,7 +10,7 @@ from onnx_bisect.quant_result import KeepInFp32, QuantReport, QuantRow
 from onnx_bisect.report.escape import cell, code
 from onnx_bisect.text import fmt
 
-__all__ = ["keep_fp32_markdown", "quant_html", "quant_markdown"]
+__all__ = ["keep_fp32_html", "keep_fp32_markdown", "quant_html", "quant_markdown"]
 
 ROWS = 12  # table rows shown; report.json has them all
 
@@ -83,6 +83,15 @@ def quant_markdown(q: QuantReport) -> list[str]:
 
 _HEAD = ("tensor", "kind", "scale", "rel_l2", "rounding floor", "SQNR dB", "clipped", "steps",
          "shared scale")  # fmt: skip
+
+
+def keep_fp32_html(k: KeepInFp32) -> list[str]:
+    """The keep-in-fp32 answer for report.html: the line the terminal prints, and the call."""
+    out = ["<h2>Keep in float32</h2>", f"<p>{escape(k.line())}</p>"]
+    if k.nodes or k.ops:
+        code_lines = [line for line in (k.prepare, f"model = {k.call}") if line]
+        out.append(f"<pre><code>{escape(chr(10).join(code_lines))}</code></pre>")
+    return out
 
 
 def quant_html(q: QuantReport) -> list[str]:
