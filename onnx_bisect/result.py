@@ -26,7 +26,7 @@ from onnx_bisect.graph.match import Matching
 from onnx_bisect.graph.source import SourceInfo, shown_source, source_lines
 from onnx_bisect.graph.view import NodeInfo, NotProbed
 from onnx_bisect.pass_result import PassBisection, PassOutcome, PassScope, target_arg
-from onnx_bisect.quant_result import QuantReport
+from onnx_bisect.quant_result import KeepInFp32, QuantReport
 from onnx_bisect.run_info import (
     REPRO_CHECK,
     BackendInfo,
@@ -276,6 +276,7 @@ class BisectResult:
     repro: ReproInfo | None = None  # when a bundle was asked for
     matching: Matching | None = None  # when the target ran a different model
     quant: QuantReport | None = None  # a quantized target model: pairing, table, keep-in-float
+    keep_fp32: KeepInFp32 | None = None  # a float16 conversion at fault: what to keep float32
     target_model: str = ""  # that other model
     transforms: tuple[TransformRecord, ...] = ()  # +NAME suffixes applied to either model
     task_checks: tuple[TopKCheck, ...] = ()  # per output, when asked for
@@ -383,6 +384,11 @@ def _summary_lines(r: BisectResult) -> list[Text]:
         if r.quant.keep is None and cause is not None and not cause.nodes:
             answer.insert(0, cause.reason)  # no search (QOperator, dynamic): the verdict first
         lines += [Text.assemble(("Quantization", "bold"), f": {q}") for q in answer]
+    if r.keep_fp32 is not None:  # the answer first: what to keep in float32
+        k = r.keep_fp32
+        lines.append(Text.assemble(("Keep in float32", "bold"), f": {k.line()}"))
+        if k.nodes or k.ops:
+            lines += [Text(f"  {line}") for line in (k.prepare, k.call) if line]
     for c in r.outputs:
         if c.diverged:
             rel, mx = c.shown("rel_l2"), c.shown("max_abs")

@@ -48,7 +48,7 @@ from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.inputs.feeds import input_specs, validate_feeds
 from onnx_bisect.inputs.limits import nonfinite_notes
 from onnx_bisect.options import BisectOptions, ModelLike
-from onnx_bisect.quant_result import QuantReport
+from onnx_bisect.quant_result import KeepInFp32, QuantReport
 from onnx_bisect.result import (
     BackendInfo,
     BisectResult,
@@ -341,6 +341,7 @@ def to_result(
     diagnosis: Diagnosis,
     repro: ReproInfo | None,
     passes: PassBisection | None = None,
+    fp32: KeepInFp32 | None = None,
 ) -> BisectResult:
     """The ``BisectResult`` of a diagnosis, with the bundle written for it (if any)."""
     setup, found, screened = session.setup, diagnosis.found, diagnosis.screened
@@ -404,6 +405,7 @@ def to_result(
         repro=repro,
         matching=found.matching if found else None,
         quant=found.quant if found and found.quant else _one_model_quant(session, diagnosis),
+        keep_fp32=fp32,
         target_model=setup.target_label,
         transforms=setup.transforms,
         task_checks=tuple(checks),

@@ -22,7 +22,7 @@ from onnx_bisect.report.format import chain_line, first_divergence_phrase, fmt_e
 from onnx_bisect.report.markdown import step_list
 from onnx_bisect.report.neighbourhood import MAX_NODES, neighbourhood, neighbourhood_svg
 from onnx_bisect.report.plots import PLOTS_HINT, curve_svg
-from onnx_bisect.report.quant import quant_html
+from onnx_bisect.report.quant import keep_fp32_html, quant_html
 from onnx_bisect.report.steps import steps_html
 from onnx_bisect.result import (
     INSIDE,
@@ -64,6 +64,7 @@ def render_html(result: BisectResult, folder: Path | None = None) -> str:
         + (f" (the target runs {escape(result.target_model)})" if result.target_model else "")
         + "</p>",
         *(quant_html(result.quant) if result.quant is not None else []),
+        *(keep_fp32_html(result.keep_fp32) if result.keep_fp32 is not None else []),
         *_summary(result),
         *(steps_html(result.steps) if result.steps is not None else []),
         *_steps(result, folder),

@@ -23,7 +23,7 @@ from onnx_bisect.report.format import (
 )
 from onnx_bisect.report.mermaid import focus_node, mermaid_lines
 from onnx_bisect.report.passes import pass_markdown, workaround_step
-from onnx_bisect.report.quant import quant_markdown
+from onnx_bisect.report.quant import keep_fp32_markdown, quant_markdown
 from onnx_bisect.report.steps import steps_markdown
 from onnx_bisect.result import (
     agreement,
@@ -54,6 +54,8 @@ def render_markdown(result: BisectResult, folder: Path | None = None) -> str:
     lines: list[str] = [_title(result), ""]
     if result.quant is not None:
         lines += quant_markdown(result.quant) + [""]
+    if result.keep_fp32 is not None:
+        lines += keep_fp32_markdown(result.keep_fp32) + [""]
     lines += _summary(result)
     diagram = mermaid_lines(result)
     if diagram:
