@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml constraints-dev.txt | $(VENV)/pyvenv.cfg
 # at one Conv: the demo shows the tool naming that node on any machine.
 demo: $(DEMO_STAMP)
 	@$(BIN)/bisect examples/models/yolo_like.onnx --ref cpu \
-	  --target "exec:$(BIN)/python examples/faulty_runtime.py {model} {inputs} {outputs} --fault /down1/conv/Conv=0.05" \
+	  --target "exec:{python} examples/faulty_runtime.py {model} {inputs} {outputs} --fault /down1/conv/Conv=0.05" \
 	  --out demo-report; rc=$$?; \
 	  if [ $$rc -ne 1 ]; then echo "demo: expected exit 1 (divergence found), got $$rc"; exit 1; fi
 	@echo "Exit 1 = divergence found. Reports in demo-report/ (report.html, report.md, report.json, nodes.csv, inputs.npz)"
@@ -45,7 +45,7 @@ lint: $(STAMP)
 # Two lanes: `make test` runs every test but the slow ones (each 8 s or more on 2 cores: marked
 # @pytest.mark.slow, listed in tests/slow_tests.txt, or a doc example in test_docs.py's
 # SLOW_GROUPS), `make test-slow` those; CI runs both. On 2 quiet cores the pytest phase of
-# `make test` takes about 3.7 min (1053 tests), `make test-slow` about 2.7 min (28 tests: the
+# `make test` takes about 4 min, `make test-slow` about 6 min (about 65 tests: the
 # process tree's memory, Ray clusters, torch.compile/inductor, models over 2 GB, dataset jobs,
 # a hang, Ctrl-C during the bundle check, ONNX's node tests on torch, long reductions).
 PYTEST := $(BIN)/python -m pytest -q -n auto --dist loadfile

@@ -49,6 +49,7 @@ import argparse
 import os
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 
 import numpy as np
@@ -338,8 +339,17 @@ def main(argv: list[str]) -> int:
         feeds = {i.name: z[i.name] for i in sess.get_inputs()}
     names = [o.name for o in sess.get_outputs()]
     values = sess.run(names, feeds)
-    np.savez(args.outputs, **dict(zip(names, values, strict=True)))
+    save_npz(args.outputs, dict(zip(names, values, strict=True)))
     return 0
+
+
+def save_npz(path: str, tensors: dict[str, np.ndarray]) -> None:
+    """``outputs.npz`` keyed by any tensor name: np.savez(path, **tensors) would swallow a
+    tensor named ``file`` or ``allow_pickle`` (onnx_bisect.save_npz does the same)."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, value in tensors.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asarray(value), allow_pickle=False)
 
 
 if __name__ == "__main__":

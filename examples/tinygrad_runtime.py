@@ -2,7 +2,7 @@
 """tinygrad as an exec: runtime: the recipe of docs/backends.md ("tinygrad, through exec:").
 
     bisect MODEL --target \
-        "exec:env DEV=CPU python examples/tinygrad_runtime.py {model} {inputs} {outputs}"
+        "exec:env DEV=CPU {python} examples/tinygrad_runtime.py {model} {inputs} {outputs}"
 
 It runs MODEL with tinygrad's own ONNX runner (``tinygrad.nn.onnx.OnnxRunner``) on INPUTS (.npz
 keyed by input name) and writes every graph output to OUTPUTS (.npz keyed by output name), as

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         OnnxBisectError,
         SpecError,
     )
+    from onnx_bisect.inputs.feeds import save_npz
     from onnx_bisect.options import BisectOptions
     from onnx_bisect.report import to_dict, to_frame, write_reports
     from onnx_bisect.result import BisectResult, NodeResult, RootCause, Verdict
@@ -67,6 +68,8 @@ _LAZY = {
         "onnx_bisect.errors",
     ),
     "BisectOptions": "onnx_bisect.options",
+    # For an exec: runtime's wrapper: np.savez(**outputs) cannot write a tensor named `file`.
+    "save_npz": "onnx_bisect.inputs.feeds",
     **dict.fromkeys(("to_dict", "to_frame", "write_reports"), "onnx_bisect.report"),
     **dict.fromkeys(("BisectResult", "NodeResult", "RootCause", "Verdict"), "onnx_bisect.result"),
     "sweep": "onnx_bisect.cases.run",
@@ -106,6 +109,7 @@ __all__ = [
     "compare_tensors",
     "create_backend",
     "parse_spec",
+    "save_npz",
     "sweep",
     "to_dict",
     "to_frame",

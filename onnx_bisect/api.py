@@ -21,6 +21,7 @@ from onnx_bisect.engine.diagnose import (
     to_result,
 )
 from onnx_bisect.engine.found import Found
+from onnx_bisect.engine.keep16 import keep_in_fp32
 from onnx_bisect.engine.measure.observe import scan
 from onnx_bisect.engine.passes.bisection import bisect_passes
 from onnx_bisect.engine.progress import NoProgress, Progress
@@ -127,7 +128,9 @@ def _bisect_one(
         if opts.repro is not None and bug and found is not None:
             with timer.stage("repro"):
                 bundle = _repro(session, found, Path(opts.repro))
-        result = to_result(session, diagnosis, bundle, passes)
+        # A float16 conversion at fault: which nodes to keep in float32, verified as applied.
+        fp32 = keep_in_fp32(session, diagnosis)
+        result = to_result(session, diagnosis, bundle, passes, fp32)
     write_bundle_docs(result)
     return result
 

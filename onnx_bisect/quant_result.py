@@ -1,5 +1,6 @@
 """A quantized model's part of the result: how its tensors paired with the float model's, the
-error each tensor's quantization adds, and the smallest set of nodes to keep in float."""
+error each tensor's quantization adds, and the smallest set of nodes to keep in float; and
+for a float16 conversion, the smallest set to keep in float32 (``KeepInFp32``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from onnx_bisect.compare.quant import COARSE_LEVELS, QuantError, QuantKind
 from onnx_bisect.text import fmt
 
-__all__ = ["KeepInFloat", "QuantReport", "QuantRow", "Sensitivity"]
+__all__ = ["IntegerSteps", "KeepInFloat", "KeepInFp32", "QuantReport", "QuantRow", "Sensitivity"]
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,39 @@ class KeepInFloat:
 
 
 @dataclass(frozen=True)
+class IntegerSteps:
+    """One quantized model on two backends: how its integers were compared. ``stepped``: the
+    integer tensors compared in steps of their scales (``runtime`` of them read from the
+    reference's run); ``bounded``: accumulators and their float results held to what their
+    integer inputs one step apart make; ``apart``: the tensors found that far apart and no
+    more (within the int8 precision), each with what was measured."""
+
+    stepped: int
+    runtime: int
+    bounded: int
+    apart: tuple[tuple[str, str], ...] = ()
+
+    def line(self) -> str:
+        said = (
+            f"one model on two backends: {self.stepped} integer tensors compared in steps of "
+            f"their scales ({self.runtime} read from the reference's run), {self.bounded} "
+            "accumulators and float results held to what one-step input flips make"
+        )
+        if self.apart:
+            names = ", ".join(t for t, _ in self.apart[:5])
+            said += f"; within that precision, not a divergence: {names}"
+        return said
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stepped": self.stepped,
+            "runtime_scales": self.runtime,
+            "bounded": self.bounded,
+            "apart": [{"tensor": t, "reason": r} for t, r in self.apart],
+        }
+
+
+@dataclass(frozen=True)
 class QuantReport:
     """Pairing counts by rule, the unpaired tensors with their reasons, the per-tensor table
     (worst first), the keep-in-float answer and the per-node sensitivity (most first)."""
@@ -144,6 +178,8 @@ class QuantReport:
     rows: tuple[QuantRow, ...]
     keep: KeepInFloat | None = None
     sensitivity: tuple[Sensitivity, ...] = ()
+    # One model on two backends (no float model to pair with): how its integers compared.
+    steps: IntegerSteps | None = None
 
     @property
     def flagged(self) -> tuple[QuantRow, ...]:
@@ -159,7 +195,7 @@ class QuantReport:
 
     def lines(self) -> list[str]:
         """What the terminal and report.md say first: the answer, then what stands out."""
-        out: list[str] = []
+        out: list[str] = [self.steps.line()] if self.steps is not None else []
         if self.keep is not None:
             out += self.keep.lines()
         kinds = Counter(r.kind.value for r in self.rows)
@@ -189,4 +225,58 @@ class QuantReport:
             "tensors": [r.to_dict() for r in self.rows],
             "keep_in_float": self.keep.to_dict() if self.keep is not None else None,
             "sensitivity": [{"node": s.node, "error": s.error} for s in self.sensitivity],
+            "integer_steps": self.steps.to_dict() if self.steps is not None else None,
+        }
+
+
+@dataclass(frozen=True)
+class KeepInFp32:
+    """The smallest block list that brings a float16 conversion's outputs within what float16
+    predicts (or ``--quant-goal``): ``nodes`` (kind ``node_block_list``) or ``ops`` (kind
+    ``op_block_list``, one op type at fault everywhere), verified by converting the float
+    model again with onnxconverter-common and running it on the target; ``call`` is that
+    conversion, to paste (with what the conversion keeps in float32 anyway). ``before`` and
+    ``after``: the worst output's rel_l2 as converted and with the set kept."""
+
+    nodes: tuple[str, ...]
+    kind: str  # "node_block_list" or "op_block_list"
+    ops: tuple[str, ...]
+    call: str
+    goal: str
+    before: float
+    after: float
+    verified: bool
+    verified_by: str
+    runs: int
+    note: str = ""
+    # A line to run before ``call`` where the set names nodes unnamed in the file: it gives
+    # them the names onnx-bisect gave them.
+    prepare: str = ""
+
+    def line(self) -> str:
+        """The answer in one line, as the terminal says it."""
+        if not self.nodes and not self.ops:
+            return f"no set found: {self.note}"
+        state = f"verified by {self.verified_by}" if self.verified else "NOT verified"
+        named = self.ops if self.kind == "op_block_list" else self.nodes
+        note = f"; {self.note}" if self.note else ""
+        return (
+            f"{self.kind}={list(named)!r}: {self.goal}, worst output rel_l2 {fmt(self.before)} "
+            f"-> {fmt(self.after)} ({state}; {self.runs} runs){note}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": list(self.nodes),
+            "ops": list(self.ops),
+            "kind": self.kind,
+            "call": self.call,
+            "goal": self.goal,
+            "before": self.before,
+            "after": self.after,
+            "verified": self.verified,
+            "verified_by": self.verified_by,
+            "runs": self.runs,
+            "note": self.note or None,
+            "prepare": self.prepare or None,
         }

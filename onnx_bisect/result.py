@@ -23,10 +23,18 @@ from onnx_bisect.compare.precision import FLOAT32_DEFAULT, PrecisionInfo
 from onnx_bisect.compare.topk import TopKCheck
 from onnx_bisect.dataset_result import DatasetSummary
 from onnx_bisect.graph.match import Matching
-from onnx_bisect.graph.source import SourceInfo
+from onnx_bisect.graph.source import SourceInfo, shown_source, source_lines
 from onnx_bisect.graph.view import NodeInfo, NotProbed
 from onnx_bisect.pass_result import PassBisection, PassOutcome, PassScope, target_arg
-from onnx_bisect.quant_result import QuantReport
+from onnx_bisect.quant_result import KeepInFp32, QuantReport
+from onnx_bisect.run_info import (
+    REPRO_CHECK,
+    BackendInfo,
+    ChainLink,
+    ReproInfo,
+    SearchInfo,
+    chain_positions,
+)
 from onnx_bisect.steps_result import StepsSummary
 from onnx_bisect.text import fmt, plural
 from onnx_bisect.transforms.registry import TransformRecord
@@ -35,6 +43,7 @@ __all__ = [
     "BackendInfo",
     "BisectResult",
     "CauseKind",
+    "agreement",
     "ChainLink",
     "NodeResult",
     "chain_positions",
@@ -43,6 +52,7 @@ __all__ = [
     "PassOutcome",
     "PassScope",
     "ReproInfo",
+    "REPRO_CHECK",
     "RootCause",
     "SearchInfo",
     "Verdict",
@@ -50,65 +60,13 @@ __all__ = [
     "INSIDE_CAUSE",
     "INSIDE_FIRST",
     "first_divergence_phrase",
+    "headline",
+    "lowered_by_runtime",
+    "no_divergence_found",
     "nonfinite_origin",
-    "shown_source",
-    "source_lines",
     "nonfinite_phrase",
     "target_arg",
 ]
-
-
-@dataclass(frozen=True)
-class ChainLink:
-    node: str
-    op_type: str
-    index: int
-    rel_l2: float
-    gain: float | None  # this node's amplification (output error ÷ worst input error)
-    nonfinite: str = ""  # "NaN" or "inf": its error, where NaN/Inf sit in different places
-    # Links of the whole chain left out just before this one: a long chain keeps its first
-    # and last links and its largest gains (engine/chain.py), and says how many it folded.
-    folded: int = 0
-    # On the last link only, where the chain ends before the outputs: why it stops there.
-    stop: str = ""
-
-    @property
-    def shown(self) -> str:
-        return self.nonfinite or fmt(self.rel_l2)
-
-
-def chain_positions(chain: tuple[ChainLink, ...] | list[ChainLink]) -> list[int]:
-    """Each kept link's position in the whole chain, the folded links counted."""
-    positions, at = [], -1
-    for link in chain:
-        at += link.folded + 1
-        positions.append(at)
-    return positions
-
-
-@dataclass(frozen=True)
-class ReproInfo:
-    path: str
-    kind: str  # what the bundle reproduces: "divergence" or "crash"
-    nodes: tuple[str, ...]  # the bundle's nodes, in topological order
-    nodes_before: int  # nodes in the whole model
-    runs: int  # target runs spent minimizing (verification runs not included)
-    isolated: bool  # fed the reference's tensors at its cut, not the model's own inputs
-    reproduces: bool  # the written bundle was re-run in a fresh process and diverged
-    message: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "kind": self.kind,
-            "nodes": list(self.nodes),
-            "nodes_before": self.nodes_before,
-            "nodes_after": len(self.nodes),
-            "runs": self.runs,
-            "isolated": self.isolated,
-            "reproduces": self.reproduces,
-            "message": self.message,
-        }
 
 
 class Outcome(StrEnum):
@@ -270,6 +228,8 @@ class RootCause:
     # What the target said on the full model, where that differs from ``message`` (the first
     # failing prefix's): a runtime may refuse the whole for another reason (TVM's LSTM).
     model_message: str = ""
+    # The workaround was run on the whole model and agrees with the reference at fp32 noise.
+    workaround_verified: bool = False
 
     @property
     def is_bug(self) -> bool:
@@ -284,41 +244,9 @@ class RootCause:
             "reason": self.reason,
             "message": self.message,
             "workaround": self.workaround or None,
+            "workaround_verified": self.workaround_verified,
             "model_message": self.model_message,
         }
-
-
-@dataclass(frozen=True)
-class SearchInfo:
-    """How the cut search went: positions asked, target runs spent, whether it was monotone."""
-
-    reason: str
-    runs: int
-    asked: tuple[tuple[int, bool], ...]  # cut positions asked, with their answers
-    monotone: bool
-    refined: bool
-    transition_node: str
-    pattern_windows_tried: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "reason": self.reason,
-            "runs": self.runs,
-            "probes": [{"position": p, "diverged": d} for p, d in self.asked],
-            "monotone": self.monotone,
-            "refined": self.refined,
-            "transition_node": self.transition_node,
-            "pattern_windows_tried": self.pattern_windows_tried,
-        }
-
-
-@dataclass(frozen=True)
-class BackendInfo:
-    spec: str
-    description: str
-    versions: Mapping[str, str] = field(default_factory=dict)
-    # Declares that every run compiles the model (``Capabilities.compiles``).
-    compiles: bool = False
 
 
 @dataclass(frozen=True)
@@ -348,6 +276,7 @@ class BisectResult:
     repro: ReproInfo | None = None  # when a bundle was asked for
     matching: Matching | None = None  # when the target ran a different model
     quant: QuantReport | None = None  # a quantized target model: pairing, table, keep-in-float
+    keep_fp32: KeepInFp32 | None = None  # a float16 conversion at fault: what to keep float32
     target_model: str = ""  # that other model
     transforms: tuple[TransformRecord, ...] = ()  # +NAME suffixes applied to either model
     task_checks: tuple[TopKCheck, ...] = ()  # per output, when asked for
@@ -438,18 +367,28 @@ def _summary_lines(r: BisectResult) -> list[Text]:
     precision = _precision_lines(r)
     if not r.diverged:
         total = r.timings.get("total", 0.0)
-        agrees = within_precision(r) or f"{_passing(len(r.outputs))}: {r.criterion.agreement()}"
+        agrees = (
+            within_precision(r)
+            or reference_less_exact(r)
+            or within_integer_steps(r)
+            or f"{_passing(len(r.outputs))}: {agreement(r)}"
+        )
         passing = f": {agrees} ({total:.2f}s)"
         lines = [Text.assemble(("No divergence", "green"), ": ", head, passing), *dataset]
         lines += precision + checks
         return lines + _finding_lines(r) if r.nodes else lines
-    lines = [Text.assemble(("Diverged", "bold red"), ": ", head), *precision, *dataset]
+    lines = [Text.assemble((headline(r), _headline_style(r)), ": ", head), *precision, *dataset]
     if r.quant is not None:  # the answer first: what to keep in float
         answer = r.quant.lines()
         cause = r.root_cause
         if r.quant.keep is None and cause is not None and not cause.nodes:
             answer.insert(0, cause.reason)  # no search (QOperator, dynamic): the verdict first
         lines += [Text.assemble(("Quantization", "bold"), f": {q}") for q in answer]
+    if r.keep_fp32 is not None:  # the answer first: what to keep in float32
+        k = r.keep_fp32
+        lines.append(Text.assemble(("Keep in float32", "bold"), f": {k.line()}"))
+        if k.nodes or k.ops:
+            lines += [Text(f"  {line}") for line in (k.prepare, k.call) if line]
     for c in r.outputs:
         if c.diverged:
             rel, mx = c.shown("rel_l2"), c.shown("max_abs")
@@ -459,6 +398,80 @@ def _summary_lines(r: BisectResult) -> list[Text]:
                 + Text(f"rel_l2={rel} max_abs={mx}{why}")
             )
     return lines + checks + _finding_lines(r)
+
+
+def lowered_by_runtime(r: BisectResult) -> bool:
+    """Whether the whole finding is the runtime's own lower precision: it chose it unasked,
+    every node is within what that precision predicts, and no node is to blame."""
+    rc = r.root_cause
+    tp = r.target_precision
+    precision_only = rc is not None and rc.kind is CauseKind.PRECISION and not rc.nodes
+    return r.diverged and precision_only and tp.lowered and not tp.asked
+
+
+def headline(r: BisectResult) -> str:
+    """The verdict in a few words, the same in the terminal and every report: ``Diverged``,
+    ``No divergence``, or, where the runtime lowered the precision on its own and that is
+    all, what it did and whether its fp32 setting is the workaround."""
+    if not r.diverged:
+        return "No divergence"
+    if not lowered_by_runtime(r):
+        return "Diverged"
+    rc = r.root_cause
+    assert rc is not None
+    if rc.workaround_verified:
+        fix = "fp32 workaround verified"
+    elif rc.workaround:
+        fix = "fp32 workaround NOT verified"
+    else:
+        fix = "no fp32 setting known"
+    name = r.target_precision.precision.value
+    return f"Precision lowered by the runtime ({name}); no kernel bug; {fix}"
+
+
+def _headline_style(r: BisectResult) -> str:
+    return "bold yellow" if lowered_by_runtime(r) else "bold red"
+
+
+def no_divergence_found(r: BisectResult) -> str:
+    """The first-divergence line where no tensor is beyond its threshold."""
+    if lowered_by_runtime(r):
+        return f"none beyond the error {r.target_precision.precision.value} predicts"
+    return "none among the probed tensors"
+
+
+def agreement(r: BisectResult) -> str:
+    """What the outputs agree within, with the worst one's error beside its bound."""
+    scored = [c for c in r.outputs if r.criterion.key in c.metrics]
+    if not scored:
+        return r.criterion.agreement()
+    worst = max(scored, key=r.criterion.badness)
+    return r.criterion.agreement(worst, largest=len(scored) > 1)
+
+
+def within_integer_steps(r: BisectResult) -> str:
+    """``agrees within the int8 precision: y within what its integer inputs one quantization
+    step apart make``, where one quantized model's outputs differ only so; else ""."""
+    steps = r.quant.steps if r.quant is not None else None
+    if r.diverged or steps is None:
+        return ""
+    outputs = {c.tensor for c in r.outputs if c.diverged is False and c.within_precision}
+    apart = [(t, why) for t, why in steps.apart if t in outputs]
+    if not apart:
+        return ""
+    said = "; ".join(f"{t} {why}" for t, why in apart[:3])
+    return f"agrees within the int8 precision: {said}"
+
+
+def reference_less_exact(r: BisectResult) -> str:
+    """``the target agrees with float64; the reference's DynamicQuantizeLSTM 'lstm' is the
+    less exact side``, where float64 sided with the target (no divergence); else ""."""
+    rc = r.root_cause
+    if r.diverged or rc is None or rc.kind is not CauseKind.REFERENCE:
+        return ""
+    node = next((n for n in r.nodes if n.name in rc.nodes), None)
+    where = f"{node.op_type} {node.name!r}" if node is not None else ", ".join(rc.nodes)
+    return f"the target agrees with float64; the reference's {where} is the less exact side"
 
 
 def within_precision(r: BisectResult) -> str:
@@ -521,8 +534,8 @@ def _finding_lines(r: BisectResult) -> list[Text]:
         phrase = f" (#{fd.index}): {first_divergence_phrase(fd)}"
         lines = [Text.assemble(label, f": {fd.op_type} ", (fd.name, "cyan"), phrase)]
     else:
-        lines = [Text.assemble(label, ": none among the probed tensors")]
-    if fd is not None and (src := shown_source(r, fd.name)) is not None:
+        lines = [Text.assemble(label, f": {no_divergence_found(r)}")]
+    if fd is not None and (src := shown_source(r.sources, fd.name)) is not None:
         lines.append(Text(f"  from {src}"))
     origin = nonfinite_origin(r)
     if origin is not None:
@@ -533,37 +546,21 @@ def _finding_lines(r: BisectResult) -> list[Text]:
         )
     rc = r.root_cause
     if rc is not None:
-        head, below = ("Root cause", "") if r.diverged else (INSIDE_CAUSE, f"; {INSIDE}")
+        own = r.diverged or rc.kind is CauseKind.REFERENCE  # a cause of its own, not inside
+        head, below = ("Root cause", "") if own else (INSIDE_CAUSE, f"; {INSIDE}")
         names = Text.assemble((", ".join(rc.nodes), "cyan"), " — ") if rc.nodes else Text()
         lines.append(
             Text.assemble((head, "bold"), " (", (str(rc.kind), "red"), f"{below}): ")
             + names
             + Text(rc.reason)
         )
-        lines += [Text(f"  from {line}") for line in source_lines(r, rc.nodes)]
+        lines += [Text(f"  from {line}") for line in source_lines(r.sources, rc.nodes)]
         if rc.message:
             lines.append(Text.assemble(("The target said", "bold"), ":"))
             lines += [Text(f"  {line}" if line.strip() else "") for line in rc.message.splitlines()]
     if r.pass_bisection is not None:
         lines.append(Text.assemble(("Optimizer pass", "bold"), f": {r.pass_bisection.summary()}"))
     return lines
-
-
-def source_lines(r: BisectResult, nodes: tuple[str, ...]) -> list[str]:
-    """Where ``nodes`` come from, a line per module (three at most), for the root cause."""
-    seen: list[str] = []
-    for name in nodes:
-        src = shown_source(r, name)
-        if src is not None and src not in seen:
-            seen.append(src)
-    return seen[:3]
-
-
-def shown_source(r: BisectResult, name: str) -> str | None:
-    """Where node ``name`` comes from, where that says more than its name (report.json has
-    the module path of a scoped name too)."""
-    src = r.sources.get(name)
-    return src.describe() if src is not None and src.beyond_name else None
 
 
 # What a diagnosis whose outputs agree calls what it found inside the graph.

@@ -148,6 +148,63 @@ def block(seed: int = 0, d: int = 16) -> onnx.ModelProto:
     )
 
 
+ERF_SHAPE = (1, 960, 64)
+
+
+def erf_matmul(seed: int = 0) -> onnx.ModelProto:
+    """x -> Erf ('pre') -> MatMul ('mm') -> y: for ``quantized(..., "dynamic")``, whose
+    DynamicQuantizeLinear reads the Erf, a function runtimes compute to different last bits."""
+    rng = np.random.default_rng(seed)
+    width = ERF_SHAPE[-1]
+    weight = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+    nodes = [
+        helper.make_node("Erf", ["x"], ["p"], name="pre"),
+        helper.make_node("MatMul", ["p", "W"], ["y"], name="mm"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "erf_matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(ERF_SHAPE))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(ERF_SHAPE))],
+        [numpy_helper.from_array(weight, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+LSTM_SHAPE = (16, 2, 32)
+
+
+def lstm(seed: int = 0, hidden: int = 64) -> onnx.ModelProto:
+    """One LSTM layer (its output squeezed), for ``quantized(..., "dynamic",
+    op_types_to_quantize=["LSTM"])``: a com.microsoft DynamicQuantizeLSTM, whose ONNX Runtime
+    kernel quantizes the activations to uint8 as well as the weights."""
+    rng = np.random.default_rng(seed)
+    seq, batch, width = LSTM_SHAPE
+    w = rng.standard_normal((1, 4 * hidden, width)) * 0.2
+    r = rng.standard_normal((1, 4 * hidden, hidden)) * 0.2
+    b = rng.standard_normal((1, 8 * hidden)) * 0.1
+    inits = [
+        numpy_helper.from_array(v.astype(np.float32), n) for n, v in (("W", w), ("R", r), ("B", b))
+    ]
+    inits.append(numpy_helper.from_array(np.array([1], np.int64), "axis"))
+    nodes = [
+        helper.make_node("LSTM", ["x", "W", "R", "B"], ["Y"], hidden_size=hidden, name="lstm"),
+        helper.make_node("Squeeze", ["Y", "axis"], ["y"], name="squeeze"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "lstm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(LSTM_SHAPE))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [seq, batch, hidden])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 def calibration(name: str, shape: tuple[int, ...], n: int = 4) -> list[dict[str, np.ndarray]]:
     """Seeded calibration inputs in [0, 1), as the tool's own seeded feeds for float inputs."""
     return [

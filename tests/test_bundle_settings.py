@@ -122,6 +122,7 @@ def test_exec_env_settings_travel_with_the_bundle(tmp_path: Path) -> None:
         ("exec:env A=1 -u B C=x=y /usr/bin/python3 -u rt.py {model}", "python3"),
         ("exec:env A=1 /opt/py/bin/python3.11 tools/rt.py {model} {inputs}", "rt.py"),
         ("exec:python -m my.runtime {model}", "my.runtime"),
+        ("exec:{python} tools/rt.py {model} {inputs}", "rt.py"),
         ("exec:'./my rt' {model}", "my rt"),
         ("pkg.module:Class", "pkg.module:Class"),
     ],

@@ -287,7 +287,39 @@ def test_help_shows_what_to_type_not_python_types(
 
 def test_usage_error_from_the_parser_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = cli(capsys, str(YOLO))
-    assert code == 2 and err == "error: Missing option '--target' / '-t'.\n"
+    assert code == 2 and err == (
+        "error: --target: missing; name the backend under test, e.g. --target openvino, or "
+        "--target 'exec:{python} my_rt.py {model} {inputs} {outputs}' for your own runtime "
+        "(onnx-bisect backends lists what works here)\n"
+    )
+
+
+def test_every_missing_parameter_reads_as_the_tools_own_errors(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # typer's own style ("Missing argument 'MODEL'.") is not the tool's: the name first.
+    code, _, err = cli(capsys)
+    assert code == 2
+    said = "error: MODEL: missing; e.g. bisect model.onnx --target openvino (bisect --help)\n"
+    assert err == said
+    code, _, err = cli(capsys, "repro", main=True)
+    assert code == 2 and err == "error: DIR: missing (onnx-bisect repro --help)\n"
+    code, _, err = cli(capsys, "dump", str(YOLO), main=True)
+    assert code == 2 and err == "error: --backend: missing (onnx-bisect dump --help)\n"
+
+
+def test_the_parsers_own_errors_read_as_the_tools(capsys: pytest.CaptureFixture[str]) -> None:
+    # click's sentences ("No such option: --targte (Possible options: ...)") in the tool's
+    # shape: the name first, lower case, no full stop, where to look.
+    code, _, err = cli(capsys, str(YOLO), "--targte", "cpu")
+    assert code == 2 and err == (
+        "error: --targte: no such option; did you mean --state, --strategy, --target? "
+        "(bisect --help)\n"
+    )
+    code, _, err = cli(capsys, "nosuch", main=True)
+    assert code == 2 and err == "error: no such command 'nosuch' (onnx-bisect --help)\n"
+    code, _, err = cli(capsys, str(YOLO), "--target")
+    assert code == 2 and err.startswith("error: --target: needs a value"), err
 
 
 # --- the subcommands take the main command's options, and they act ----------------------------

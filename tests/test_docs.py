@@ -69,12 +69,16 @@ RUNNABLE = ("console", "pycon", "python")
 _TERMINAL_ENV = ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS")
 GUIDE_DOCS = (
     "guide.md",
+    "api.md",
     "backends.md",
     "adapters.md",
     "exec-protocol.md",
     "report-format.md",
     "steps.md",
 )
+# Every document whose examples run: the docs, and the README's "Your model" block.
+README = "../README.md"
+RUN_DOCS = (*GUIDE_DOCS, README)
 YOLO = ROOT / "examples" / "models" / "yolo_like.onnx"
 FAULTY_RUNTIME = ROOT / "examples" / "faulty_runtime.py"
 
@@ -129,7 +133,7 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"docs/{self.doc}:{self.line}"
+        return f"{(Path('docs') / self.doc).as_posix().removeprefix('docs/../')}:{self.line}"
 
 
 def parse_blocks(path: Path) -> list[Block]:
@@ -576,8 +580,8 @@ def runnable_blocks(doc: str) -> list[Block]:
     return [b for b in parse_blocks(DOCS / doc) if b.lang in RUNNABLE]
 
 
-DOC_GROUPS = [g for doc in GUIDE_DOCS for g in group_blocks(doc, runnable_blocks(doc))]
-BASH_FIRST = {doc: _bash_first(doc) for doc in GUIDE_DOCS}
+DOC_GROUPS = [g for doc in RUN_DOCS for g in group_blocks(doc, runnable_blocks(doc))]
+BASH_FIRST = {doc: _bash_first(doc) for doc in RUN_DOCS}
 # The groups that take 8 s or more on two cores run in the slow lane (`make test-slow`), each
 # found by its document and a phrase of its commands (line numbers move as the docs grow).
 SLOW_GROUPS = {
@@ -646,7 +650,7 @@ def test_doc_examples_run(group: DocGroup, session: Session) -> None:
 
 
 def test_every_guide_doc_has_runnable_examples() -> None:
-    for doc in GUIDE_DOCS:
+    for doc in RUN_DOCS:
         assert runnable_blocks(doc), f"docs/{doc} has no runnable examples"
 
 
@@ -660,7 +664,7 @@ def test_each_slow_group_is_found_once() -> None:
 
 
 def test_doc_groups_run_every_block_once_in_document_order() -> None:
-    for doc in GUIDE_DOCS:
+    for doc in RUN_DOCS:
         groups = [g for g in DOC_GROUPS if g.doc == doc]
         assert sorted(b.line for g in groups for b in g.blocks) == [
             b.line for b in runnable_blocks(doc)
@@ -848,6 +852,7 @@ def test_report_format_doc_names_every_field(tmp_path: Path) -> None:
         "reason": report["root_cause"]["reason"],
         "message": "",  # the runtime's own words, for failures only
         "workaround": None,  # a precision the runtime chose: its fp32 spec
+        "workaround_verified": False,  # that spec agrees on the whole model
         "model_message": "",  # the full model's own words, where a prefix said other
         # A TorchScript-style scoped name gives the module path alone.
         "source": {"module": "down1.conv", "class": None, "file": None, "line": None,

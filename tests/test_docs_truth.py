@@ -314,3 +314,46 @@ def test_exec_protocol_keeps_what_it_says_of_stderr(tmp_path: Path) -> None:
         create_backend(f"{spec} quiet").run(model, feeds)
     assert str(quiet.value) == f"{spec} quiet: exited with code 3: (no stderr)"
     assert quiet.value.full == f"{spec} quiet: exited with code 3:\n(no stderr)"
+
+
+# --- the guide, in a newcomer's order ------------------------------------------------------
+
+
+def test_the_guide_reads_in_a_newcomers_order() -> None:
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    heads = [
+        "## Words the tool prints",
+        "## A first run",
+        "## Reading the answer",
+        "### Exit codes",
+        "## Inputs and shapes",
+        "## What counts as diverged",
+        "### Noise-floor thresholds (the default)",
+        "## Lower precision",
+        "## Your own runtime: `exec:`",
+        "# Advanced",
+    ]
+    where = [guide.index("\n" + h) for h in heads]
+    assert where == sorted(where), [
+        h for h, _ in sorted(zip(heads, where, strict=True), key=lambda p: p[1])
+    ]
+    assert "## The Python API" not in guide  # its own page, docs/api.md
+
+
+def test_the_glossary_names_every_word_the_tool_prints() -> None:
+    from onnx_bisect.result import CauseKind, Verdict
+
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    glossary = guide.split("## Words the tool prints", 1)[1].split("\n## ", 1)[0]
+    words = {f"`{v.value}`" for v in (*Verdict, *CauseKind)} - {"`precision`"} | {
+        "**first divergence**", "**root cause**", "**accumulated error**", "**isolated error**",
+        "**amplification**", "**amplification chain**", "**threshold**", "**precision floor**",
+        "**within precision**", "**Precision lowered by the runtime**", "**workaround**",
+        "**repro bundle**", "**verified**", "**task check**", "**The target said**",
+        "**NaN first appears**", "**Optimizer pass**", "**runs**", "**target runs by stage**",
+        "**note:**", "**warning:**", "**screen**", "**scan**", "**isolate**", "**strategy**",
+        "**float64 oracle**", "**probed tensor**", "**not-probed**",
+    }  # fmt: skip
+    missing = sorted(w for w in words if w not in glossary)
+    assert not missing, f"docs/guide.md's glossary lacks {missing}"
+    assert "`precision` (within what a" in glossary

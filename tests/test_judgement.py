@@ -107,6 +107,7 @@ def test_without_a_float64_oracle_auto_falls_back_to_an_absolute_floor(
 def test_a_wrong_reference_is_named_as_the_side_that_is_off() -> None:
     node = first_conv(skip=3)
     result = onnx_bisect.bisect(YOLO, ref=FaultyBackend(node, 0.002), target="cpu")
+    assert result.verdict == "match"  # float64 sides with the target: it did not diverge
     rc = result.root_cause
     assert rc is not None and rc.kind is CauseKind.REFERENCE and rc.nodes == (node,)
     row = next(n for n in result.nodes if n.name == node)

@@ -30,6 +30,7 @@ from onnx_bisect.compare.precision import (
     range_problem,
     round_to,
 )
+from onnx_bisect.report.markdown import render_markdown
 from onnx_bisect.result import CauseKind, Outcome
 
 pytest.importorskip("torch")  # the faithful twin that measures precision floors
@@ -459,6 +460,28 @@ def test_openvino_lowering_unasked_is_the_root_cause_with_a_verified_workaround(
     first_lines = result.summary().splitlines()[:4]
     assert any(line.startswith("Root cause (precision): the target") for line in first_lines)
     _no_data_movement_culprit(result)
+    # Words that agree with themselves: no red "Diverged" over "no divergence found".
+    assert result.root_cause.workaround_verified
+    name = result.target_precision.precision.value
+    assert first_lines[0] == (
+        f"Precision lowered by the runtime ({name}); no kernel bug; fp32 workaround verified: "
+        f"openvino vs cpu on {net}"
+    )
+    assert f"First divergence: none beyond the error {name} predicts" in first_lines
+    md = render_markdown(result).splitlines()
+    said = f"Precision lowered by the runtime ({name}); no kernel bug; fp32 workaround verified"
+    assert md[2] == f"**{said}.**"
+    assert f"- **First divergence:** none beyond the error {name} predicts." in md
+    # Each node judged by the precision's floor shows that bound as its threshold.
+    crit = result.criterion
+    judged = [n for n in result.nodes if n.accumulated and n.accumulated.within_precision]
+    assert judged
+    for n in judged:
+        acc = n.accumulated
+        if acc is not None:
+            assert acc.threshold is not None and acc.precision_floor is not None
+            assert acc.threshold >= crit.k * acc.precision_floor + crit.eps - 1e-12, n.name
+            assert acc.metrics["rel_l2"] <= acc.threshold, n.name
 
 
 def test_openvino_at_f32_agrees(net: Path) -> None:

@@ -150,7 +150,8 @@ def test_next_steps_name_the_repro_the_issue_the_workaround_and_the_viewer(
         outcome=PassOutcome.GUILTY, target="cpu", passes=("A", "B"), guilty=("B",),
         workaround="cpu?disable=B", workaround_verified=True,
     )  # fmt: skip
-    report = render_markdown(dataclasses.replace(big, repro=repro, pass_bisection=passes))
+    found = dataclasses.replace(big, repro=repro, pass_bisection=passes)
+    report = render_markdown(found, Path("out"))  # the folder the reports are written to
     steps = report.split("**Next steps**\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert steps == [
         "1. Reproduce it: `cd out/repro && python repro.py` (exit 1 while it reproduces; "
@@ -168,7 +169,7 @@ def test_issue_attaches_the_report_instead_of_a_second_copy(
 ) -> None:
     issue = render_issue(big)
     assert len(issue.encode()) <= 25_000
-    report = render_markdown(big)
+    report = render_markdown(big, tmp_path)
     # Nothing of the report's own sections, and no folded copy.
     for part in ("**Environment**", "**Error curve**", "**Next steps**"):
         assert part in report and part not in issue

@@ -260,7 +260,12 @@ def test_one_quantized_model_on_two_backends_runs(tmp_path: Path, form: str) -> 
     )  # fmt: skip
     assert result.exit_code in (0, 1), result.output
     assert "Traceback" not in result.output
-    assert json.loads((tmp_path / "out" / "report.json").read_text())["quantization"] is None
+    # No float model to pair with: the report says how the integers were compared.
+    quant = json.loads((tmp_path / "out" / "report.json").read_text())["quantization"]
+    assert quant["tensors"] == [] and quant["keep_in_float"] is None
+    steps = quant["integer_steps"]
+    assert steps["stepped"] > 0
+    assert steps["runtime_scales"] == (steps["stepped"] if form == "dynamic" else 0)
 
 
 class _NodeFault(BackendBase):

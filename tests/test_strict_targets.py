@@ -11,6 +11,7 @@ is not valid turns into a refusal the assertions below see.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -142,12 +143,28 @@ def test_a_runtime_failing_from_the_first_node_on_names_the_first_node(tmp_path:
 
 
 def test_a_runtime_that_fails_on_anything_shows_the_identity_probes_own_error() -> None:
-    code = "import sys; sys.exit('no license for ' + sys.argv[1])"
+    # Its words differ by model (the model's size): the probe's own words are shown too.
+    code = "import os, sys; sys.exit(f'no license for {os.path.getsize(sys.argv[1])} bytes')"
     broken = "exec:" + shlex.join([sys.executable, "-c", code, "{model}", "{inputs}", "{outputs}"])
     res = runner.invoke(bisect_app, [str(YOLO), "--target", broken])
     assert res.exit_code == 2, res.output
     [line] = res.stderr.strip().splitlines()
     assert "no node is to blame: " in line and "no license for" in line.split("to blame: ")[1]
+    said = re.findall(r"no license for \d+ bytes", line)
+    assert len(said) == 2 and said[0] != said[1], line
+
+
+def test_a_runtime_that_says_the_same_on_anything_is_quoted_once() -> None:
+    # The same words on both models (only the temporary path differs): printed once.
+    code = "import sys; sys.exit('no license for ' + sys.argv[1])"
+    broken = "exec:" + shlex.join([sys.executable, "-c", code, "{model}", "{inputs}", "{outputs}"])
+    res = runner.invoke(bisect_app, [str(YOLO), "--target", broken])
+    assert res.exit_code == 2, res.output
+    [line] = res.stderr.strip().splitlines()
+    assert line.count("no license for /") == 1, line
+    assert line.endswith("(it also fails on a one-node Identity model, so no node is to blame)"), (
+        line
+    )
 
 
 # Derived models, checked directly: valid under the full checker, every output typed.

@@ -34,7 +34,7 @@ from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.engine.judge import observer_problem
 from onnx_bisect.engine.measure.observe import Observed
 from onnx_bisect.report import print_summary
-from onnx_bisect.report.format import chain_line, search_line
+from onnx_bisect.report.format import chain_line, search_line, stage_runs_line
 from onnx_bisect.report.issue import render_issue
 from onnx_bisect.report.markdown import render_markdown
 from onnx_bisect.result import BisectResult, CauseKind, RootCause, SearchInfo
@@ -112,7 +112,7 @@ def test_summary_of_a_match_and_a_failure_quotes_the_target(yolo: BisectResult) 
     match = onnx_bisect.bisect(one_node(), target="cpu?opt=disable")
     assert re.fullmatch(
         r"No divergence: cpu\?opt=disable vs cpu on <in-memory ModelProto>: 1 output agrees: "
-        r"rel_l2 ≤ 4 × fp32 noise \+ 1e-05 \(\d+\.\d\ds\)",
+        r"rel_l2 0 ≤ 4 × fp32 noise \+ 1e-05 = [0-9.e-]+ \(\d+\.\d\ds\)",
         match.summary(),
     )
     said = "kernel missing:\n\n  Conv with group=3"
@@ -357,3 +357,75 @@ def test_verbose_logs_each_phase_with_its_time_and_runs(planted: str) -> None:
     assert f"INFO onnx_bisect.engine.diagnose: {decided}" in logged
     # Internals (probe chunks, tensor counts) are for --debug.
     assert not any("probes in" in line or "float64 reference:" in line for line in logged)
+
+
+# --- words that agree with themselves (issue 35) ---------------------------------------------
+
+
+def _printed(result: BisectResult, top: int) -> list[str]:
+    out = io.StringIO()
+    print_summary(result, Console(file=out, width=UNWRAPPED), top=top)
+    return out.getvalue().splitlines()
+
+
+def test_the_culprit_is_pinned_to_the_table_when_the_top_rows_leave_it_out(
+    yolo: BisectResult,
+) -> None:
+    # The largest accumulated error is downstream (the Mul at #21, propagated): the top row
+    # alone would hide the culprit.
+    assert [n.name for n in yolo.top(1)] == ["/c2f1/m.0/cv2/Mul"]
+    lines = _printed(yolo, top=1)
+    title = next(line for line in lines if "by accumulated error" in line)
+    assert title.strip() == (
+        "Top 1 node by accumulated error, and the first divergence and root cause"
+    )
+    rows = [line for line in lines if line.startswith("│ ")]
+    assert [r.split("│")[2].strip() for r in rows] == ["/c2f1/m.0/cv2/Mul", FAULT]
+    assert rows[1].split("│")[4].strip() == "culprit"
+    # Already among the top rows: nothing pinned, the title as it was.
+    lines = _printed(yolo, top=2)
+    assert any(line.strip() == "Top 2 nodes by accumulated error" for line in lines)
+
+
+def test_run_counts_add_up_and_the_bundles_own_check_is_said_apart(yolo: BisectResult) -> None:
+    stages = {"screen": 1, "scan": 1, "isolate": 1, "repro": 1, "repro check": 1}
+    result = replace(yolo, runs={"ref": 2, "target": 4}, stage_runs=stages)
+    line = stage_runs_line(result)
+    assert line == (
+        "target runs by stage: screen 1, scan 1, isolate 1, repro 1 (4 in all); "
+        "and 1 by the repro bundle's own repro.py"
+    )
+    # A precision workaround's run is its own stage, not "other".
+    from onnx_bisect.engine.measure.runs import RunStats
+
+    stats = RunStats()
+    stats.record("target", 0.1)
+    stats.record("workaround", 0.1)
+    assert stats.target_by_stage == {"other": 1, "workaround": 1}
+
+
+def test_no_divergence_gives_the_measured_error_beside_the_bound() -> None:
+    match = onnx_bisect.bisect(one_node(), target="cpu?opt=disable")
+    [line] = match.summary().splitlines()
+    assert re.fullmatch(
+        r"No divergence: cpu\?opt=disable vs cpu on <in-memory ModelProto>: 1 output agrees: "
+        r"rel_l2 0 ≤ 4 × fp32 noise \+ 1e-05 = [0-9.e-]+ \(\d+\.\d\ds\)",
+        line,
+    ), line
+    md = render_markdown(match)
+    assert re.search(r"every final output agrees: rel_l2 0 ≤ 4 × fp32 noise \+ 1e-05 = ", md)
+
+
+def test_report_md_names_no_folder_it_was_not_given(yolo: BisectResult) -> None:
+    # No bundle and no folder: no "onnx-bisect view OUT" with a made-up OUT.
+    md = render_markdown(yolo)
+    assert "onnx-bisect view" not in md and " OUT" not in md
+    md = render_markdown(yolo, Path("my report"))
+    assert "`onnx-bisect view 'my report'`" in md
+
+
+def test_report_html_has_the_next_steps(yolo: BisectResult, tmp_path: Path) -> None:
+    onnx_bisect.write_reports(yolo, tmp_path / "out", formats=["html", "explorer"])
+    page = (tmp_path / "out" / "report.html").read_text()
+    steps = page.split("<h2>Next steps</h2>")[1].split("</ol>")[0]
+    assert f"<code>onnx-bisect view {tmp_path / 'out'}</code>" in steps

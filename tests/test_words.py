@@ -22,6 +22,7 @@ from onnx_bisect.report.issue import render_issue
 from onnx_bisect.report.markdown import render_markdown
 from onnx_bisect.repro import template
 from onnx_bisect.result import BisectResult, NodeResult, Verdict, nonfinite_phrase
+from onnx_bisect.text import fmt
 from tests.faulty import FaultyBackend, RefusingBackend
 from tests.models import chain, make
 from tests.test_terminal import one_node, run_cli
@@ -70,19 +71,25 @@ def test_a_match_in_a_terminal_says_its_output_agrees(one_path: Path) -> None:
     assert max(len(line) for line in lines) <= 80
     said = rf"cpu\?opt=disable vs cpu on {re.escape(str(one_path))}: 1 output agrees: "
     assert re.fullmatch(
-        rf"No divergence: {said}rel_l2 ≤ 4 × fp32 noise \+ 1e-05 \(\d+\.\d\ds\)", words(lines)
+        rf"No divergence: {said}rel_l2 0 ≤ 4 × fp32 noise \+ 1e-05 = [0-9.e-]+ \(\d+\.\d\ds\)",
+        words(lines),
     )
 
 
 def test_a_match_agrees_in_every_report(match: BisectResult) -> None:
     assert repr(match) == "<BisectResult match: 1 output agrees>"
+    # The measured error beside the bound it was held against (the noise floor's own).
+    measured = AUTO_AGREES.replace("rel_l2 ≤", "rel_l2 0 ≤")
+    [bound] = [c.threshold for c in match.outputs]
+    assert bound is not None
+    measured += f" = {fmt(bound)}"
     md = render_markdown(match).splitlines()
-    assert f"**No divergence**: every final output agrees: {AUTO_AGREES}." in md
+    assert f"**No divergence**: every final output agrees: {measured}." in md
     assert "- criterion: a tensor diverges where rel_l2 > 4 × fp32 noise + 1e-05" in md
     page = render_html(match)
     assert (
         '<p><span class="verdict match">No divergence</span> every final output agrees: '
-        f"<code>{html.escape(AUTO_AGREES)}</code></p>"
+        f"<code>{html.escape(measured)}</code></p>"
     ) in page
 
 

@@ -4,7 +4,9 @@ Protocol (docs/exec-protocol.md): we write ``model.onnx`` (the probes already ma
 outputs; external weights in ``model.onnx.data``, shared with the model's weight file when
 large: a clone or a link to a private copy, never a link to the user's file) and
 ``inputs.npz`` keyed by graph input name into a fresh temporary directory, substitute
-``{model}``, ``{inputs}`` and ``{outputs}`` in COMMAND, run it without a shell (shlex-split),
+``{model}``, ``{inputs}`` and ``{outputs}`` in COMMAND (and ``{python}``, the interpreter running
+onnx-bisect, so that ``exec:{python} my_runtime.py ...`` runs in this environment whatever
+``python`` the shell finds first), run it without a shell (shlex-split),
 and read ``outputs.npz`` keyed by graph output name. A non-zero exit or a missing output is a
 backend failure. A stderr line ``onnx-bisect-capability: compiles`` (of any run, failed or not)
 declares that each run compiles the model: from then on the searches count its runs as
@@ -14,8 +16,10 @@ compiles (``Capabilities.compiles``), which only the program itself can know.
 from __future__ import annotations
 
 import logging
+import re
 import shlex
 import subprocess
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -35,8 +39,8 @@ from onnx_bisect.inputs.npz import read_npz
 from onnx_bisect.process import run_child
 
 __all__ = [
-    "CAPABILITY_PREFIX", "DECLARABLE", "DISABLE", "NOTE_PREFIX", "ExecBackend", "ExecPasses",
-    "PLACEHOLDERS",
+    "CAPABILITY_PREFIX", "DECLARABLE", "DISABLE", "NOTE_PREFIX", "PYTHON", "ExecBackend",
+    "ExecPasses", "PLACEHOLDERS", "hint",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -46,6 +50,9 @@ PLACEHOLDERS = ("{model}", "{inputs}", "{outputs}")
 # Optional: replaced by the comma-separated passes to turn off ("" for none); with the names
 # declared by --passes, it lets pass bisection find which of the runtime's passes breaks it.
 DISABLE = "{disable}"
+# Optional: replaced by the interpreter running onnx-bisect (``sys.executable``). A command's
+# bare ``python`` is whichever the PATH finds first, often not the one with onnx and numpy.
+PYTHON = "{python}"
 # A stderr line of a successful run that starts with this becomes a note in the report (a
 # lowered IR version, a fallback the runtime took): what the user should know about the run.
 NOTE_PREFIX = "onnx-bisect-note:"
@@ -93,11 +100,13 @@ class ExecBackend(BackendBase):
             wanted = {i.name for i in model.graph.input}
             save_npz(Path(paths["{inputs}"]), {k: v for k, v in feeds.items() if k in wanted})
             paths[DISABLE] = ""  # passes a pass bisection turns off are spelled into the spec
+            paths[PYTHON] = sys.executable
             argv = [_substitute(a, paths) for a in self.argv]
             try:
                 proc = run_child(argv, timeout=self.timeout, env=self.environment())
             except FileNotFoundError:
-                raise BackendError(f"{self.spec.text}: command not found: {argv[0]}") from None
+                missing = f"{self.spec.text}: command not found: {argv[0]}"
+                raise BackendError(missing + self._hint(missing)) from None
             except subprocess.TimeoutExpired:
                 hang = f"{self.spec.text}: timed out after {self.timeout:.3g} s"
                 raise BackendCrash(hang) from None
@@ -108,9 +117,10 @@ class ExecBackend(BackendBase):
                 # Killed by a signal (segfault, abort) is a crash, not an error it reported.
                 error = BackendCrash if proc.returncode < 0 else BackendError
                 said = _text(stderr) or "(no stderr)"
+                hinted = self._hint(said)
                 raise error(
-                    f"{self.spec.text}: exited with {status}: {_tail(stderr)}",
-                    detail=f"{self.spec.text}: exited with {status}:\n{said}",
+                    f"{self.spec.text}: exited with {status}: {_tail(stderr)}{hinted}",
+                    detail=f"{self.spec.text}: exited with {status}:\n{said}{hinted}",
                 )
             out_path = Path(paths["{outputs}"])
             if not out_path.exists():
@@ -153,9 +163,12 @@ class ExecBackend(BackendBase):
         """The child's environment; None inherits ours."""
         return None
 
+    def _hint(self, said: str) -> str:
+        return hint(said, self.argv)
+
     def describe(self) -> str:
         # Quoted so that a path with a space reads unambiguously; placeholders stay readable.
-        words = (a if a in PLACEHOLDERS else shlex.quote(a) for a in self.argv)
+        words = (a if a in (*PLACEHOLDERS, PYTHON) else shlex.quote(a) for a in self.argv)
         return "exec: " + " ".join(words)
 
 
@@ -186,6 +199,28 @@ class ExecPasses:
 
     def _spec(self, off: Sequence[str]) -> str:
         return self.spec.text.replace(DISABLE, ",".join(off))
+
+
+# What a program says when the interpreter or the program itself is not the one meant: a
+# module missing from the Python that runs it, or a shell that cannot find a command.
+_WRONG_PROGRAM = re.compile(
+    r"ModuleNotFoundError|No module named|command not found|: not found$", re.MULTILINE
+)
+
+
+def hint(said: str, argv: Sequence[str]) -> str:
+    """A sentence to add to a failure that looks like the wrong program ran ("" otherwise)."""
+    if not _WRONG_PROGRAM.search(said):
+        return ""
+    if any(PYTHON in a for a in argv):
+        return f" (hint: {PYTHON} is {sys.executable}; install what the runtime needs there)"
+    here = f"exec:{PYTHON} SCRIPT ... runs a Python script with {sys.executable}"
+    if "command not found" in said:
+        return f" (hint: give the program's path; {here})"
+    return (
+        " (hint: a command's `python` is the first on PATH, not necessarily the Python running "
+        f"onnx-bisect; {here})"
+    )
 
 
 def _substitute(arg: str, paths: Mapping[str, str]) -> str:

@@ -51,6 +51,9 @@ class SandboxBackend(ExecBackend):
         self.capabilities = replace(inner or Capabilities(), child_process=True, streams=False)
         self._compiled: str | None = None
 
+    def _hint(self, said: str) -> str:
+        return ""  # the program is onnx-bisect's own child: the user chose no interpreter
+
     def environment(self) -> dict[str, str]:
         env = python_child_env()
         if self.capabilities.compiles:

@@ -21,8 +21,9 @@ from onnx_bisect.cli.commands import (
     run_command,
     view_command,
 )
+from onnx_bisect.cli.helptext import print_command_help, print_group_help
 from onnx_bisect.cli.output import EXIT_INTERNAL, EXIT_USAGE, err
-from onnx_bisect.cli.params import VersionOpt
+from onnx_bisect.cli.params import OUTPUTS, PANELS, VersionOpt
 from onnx_bisect.cli.sweep import sweep_command
 from onnx_bisect.leftovers import run_temp_dir
 from onnx_bisect.process import return_large_frees, signal_handlers
@@ -34,17 +35,36 @@ def _flag_without_type(option: Any) -> Any:
     # typer labels the help flag <bool>, a Python type where the other flags show nothing.
     if option is not None:
         option.metavar = ""
+        option.rich_help_panel = OUTPUTS  # with --version and --quiet, not a panel of its own
     return option
+
+
+# Three commands a newcomer types first: their own inputs, a precision fixed, their runtime.
+BISECT_EPILOG = """\b
+Examples:
+  bisect model.onnx --target openvino --input inputs.npz --out report
+  bisect model.onnx --target 'openvino?precision=f32' --shape images=1x3x640x640
+  bisect model.onnx -t 'exec:{python} my_rt.py {model} {inputs} {outputs}'
+
+Exit codes: 0 no divergence, 1 divergence found, 2 usage or input error,
+3 internal error. The guide: docs/guide.md.
+"""
 
 
 class _Command(TyperCommand):
     def get_help_option(self, ctx: Any) -> Any:
         return _flag_without_type(super().get_help_option(ctx))
 
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        print_command_help(self, ctx, PANELS)
+
 
 class _Group(TyperGroup):
     def get_help_option(self, ctx: Any) -> Any:
         return _flag_without_type(super().get_help_option(ctx))
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        print_group_help(self, ctx)
 
 
 _HELP_FLAGS = {"help_option_names": ["-h", "--help"]}
@@ -52,6 +72,7 @@ _HELP_FLAGS = {"help_option_names": ["-h", "--help"]}
 app = typer.Typer(
     name="onnx-bisect",
     help="Find where an ONNX model's numbers go wrong on another backend.",
+    epilog="`onnx-bisect run` is `bisect`: `bisect --help` lists its options, with examples.",
     cls=_Group,
     add_completion=False,
     context_settings=_HELP_FLAGS,
@@ -61,8 +82,10 @@ bisect_app = typer.Typer(
     add_completion=False, context_settings=_HELP_FLAGS, pretty_exceptions_enable=False
 )
 
-bisect_app.command(name="bisect", cls=_Command)(run_command)
-app.command("run", cls=_Command, help="Same as the `bisect` command.")(run_command)
+bisect_app.command(name="bisect", cls=_Command, epilog=BISECT_EPILOG)(run_command)
+app.command("run", cls=_Command, help="Same as the `bisect` command.", epilog=BISECT_EPILOG)(
+    run_command
+)
 app.command("reduce", cls=_Command)(reduce_command)
 app.command("sweep", cls=_Command)(sweep_command)
 app.command("repro", cls=_Command)(repro_command)
@@ -86,11 +109,48 @@ def _usage_error(exc: Exception) -> str:
     """typer's usage error as one line. A bad value reads like our own errors, flag first:
     ``--seed: 'x' is not an integer`` rather than ``Invalid value for '--seed': Value error,
     ...`` (the validation library's prefix for a parser's ValueError)."""
-    # Exactly BadParameter: its subclass MissingParameter says "Missing option ..." well.
+    kind = type(exc).__name__
+    if kind == "MissingParameter":
+        return _missing(exc)
     if type(exc) is typer.BadParameter and exc.param is not None and exc.param.opts:
         flag = max(exc.param.opts, key=len)
         return f"{flag}: {exc.message.removeprefix('Value error, ')}"
-    return str(exc.format_message())  # type: ignore[attr-defined]
+    ctx = getattr(exc, "ctx", None)
+    see = f" ({ctx.command_path} --help)" if ctx is not None else ""
+    if kind == "NoSuchOption":
+        near = sorted(getattr(exc, "possibilities", None) or ())
+        guess = f"; did you mean {', '.join(near)}?" if near else ""
+        return f"{exc.option_name}: no such option{guess}{see}"  # type: ignore[attr-defined]
+    if kind == "BadOptionUsage" and "requires an argument" in str(exc):
+        return f"{exc.option_name}: needs a value{see}"  # type: ignore[attr-defined]
+    # Anything else in the same shape as the rest: lower case, no full stop, where to look.
+    said = str(exc.format_message()).rstrip(".")  # type: ignore[attr-defined]
+    return f"{said[:1].lower()}{said[1:]}{see}"
+
+
+# What a missing --target could be: the first thing a newcomer needs is a spec to copy.
+_TARGET_EXAMPLE = (
+    "name the backend under test, e.g. --target openvino, or --target "
+    "'exec:{python} my_rt.py {model} {inputs} {outputs}' for your own runtime "
+    "(onnx-bisect backends lists what works here)"
+)
+
+
+def _missing(exc: Any) -> str:
+    """A missing argument or option in the tool's own style: what, then an example."""
+    param, ctx = getattr(exc, "param", None), getattr(exc, "ctx", None)
+    path = ctx.command_path if ctx is not None else "bisect"
+    if param is None:
+        return str(exc.format_message())
+    if getattr(param, "param_type_name", "") == "argument":
+        name = param.metavar or param.name.upper()
+        if ctx is not None and ctx.info_name in ("bisect", "run"):
+            return f"{name}: missing; e.g. {path} model.onnx --target openvino ({path} --help)"
+        return f"{name}: missing ({path} --help)"
+    flag = max(param.opts, key=len)
+    if flag == "--target":
+        return f"--target: missing; {_TARGET_EXAMPLE}"
+    return f"{flag}: missing ({path} --help)"
 
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C stopped

@@ -21,6 +21,7 @@ from onnx_bisect.cli.output import EXIT_DIVERGED, EXIT_MATCH, fail, stdout, user
 from onnx_bisect.cli.params import (
     DEFAULTS,
     MAX_MEMORY_TEXT,
+    OUTPUTS,
     THRESHOLD_TEXT,
     AllowNonfiniteOpt,
     AlwaysScanOpt,
@@ -132,7 +133,10 @@ def run_command(
     quant_goal: QuantGoalOpt = DEFAULTS.quant_goal,
     calibration: CalibrationOpt = None,
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", metavar="DIR", help="Write reports here.")
+        Path | None,
+        typer.Option(
+            "--out", "-o", metavar="DIR", help="Write the reports here.", rich_help_panel=OUTPUTS
+        ),
     ] = None,
     repro: ReproOpt = True,
     format: FormatOpt = "md,json,csv,html,png,explorer",

@@ -4,15 +4,23 @@ on a command line, and the flag that stands for each API parameter in an error."
 
 from __future__ import annotations
 
-import math
-import re
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
 
 from onnx_bisect import __version__
+from onnx_bisect.cli.values import (
+    by_input,
+    format_bytes,
+    parse_bytes,
+    parse_count,
+    parse_int,
+    parse_range,
+    parse_real,
+    parse_threshold,
+    parse_value,
+)
 from onnx_bisect.compare.metrics import METRICS
 from onnx_bisect.errors import OnnxBisectError
 from onnx_bisect.options import DEFAULT_SAMPLE, PASS_MODES, STRATEGIES, BisectOptions
@@ -41,6 +49,13 @@ __all__ = [
     "MAX_MEMORY_TEXT",
     "MaxMemoryOpt",
     "MetricOpt",
+    "COMPARE",
+    "INPUTS",
+    "JUDGEMENT",
+    "OUTPUTS",
+    "PANELS",
+    "RESOURCES",
+    "SEARCH",
     "ModelArg",
     "NoiseEpsOpt",
     "NoiseKOpt",
@@ -129,114 +144,6 @@ def for_cli(exc: OnnxBisectError) -> str:
     return FLAGS[option] + text.removeprefix(option)
 
 
-# --- values typed on the command line --------------------------------------------------------
-# typer's parser= functions: a ValueError becomes "--flag: <message>" (cli/app.py), in our
-# words rather than the validation library's.
-
-
-def _integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not an integer") from None
-
-
-def _real(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number") from None
-
-
-def _count(text: str) -> int:
-    value = _integer(text)
-    if value < 0:
-        raise ValueError(f"must be an integer >= 0, got {value}")
-    return value
-
-
-def parse_bytes(text: str) -> int:
-    """``4GB``, ``512MiB``, ``1e9`` -> bytes; whether the budget is enough is the options'
-    check (BisectOptions), and the model's (the largest tensor)."""
-    m = re.fullmatch(r"\s*(\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
-    size = float(m[1]) if m else math.nan
-    if not m or not math.isfinite(size):
-        raise typer.BadParameter(f"--max-memory {text!r} is not a size; try 4GB or 512MB")
-    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m[2].lower()]
-    return int(size * scale)
-
-
-def parse_threshold(text: str) -> float | str:
-    """A number or ``auto``; which numbers a metric accepts is the options' check."""
-    if text.strip().lower() == "auto":
-        return "auto"
-    try:
-        return float(text)
-    except ValueError:
-        raise typer.BadParameter(f"--threshold {text!r}: a number, or 'auto'") from None
-
-
-def parse_value(text: str) -> tuple[str, float]:
-    """``sr=16000`` -> ("sr", 16000). Integers stay ints, exact for int64 inputs."""
-    name, sep, number = text.rpartition("=")
-    value = _number(number) if sep and name else None
-    if value is None:
-        raise typer.BadParameter(f"--value {text!r}: expected NAME=NUMBER, e.g. sr=16000")
-    return name, value
-
-
-# Polygraphy's --val-range form, ``x:[0,1]``, beside ours, ``x=0,1``; the name may hold colons.
-_BRACKETED = re.compile(r"(?P<name>.+):\[(?P<body>[^\[\]]*)\]")
-
-
-def parse_range(text: str) -> tuple[str, tuple[float, float]]:
-    """``x=-1,1`` or ``x:[-1,1]`` -> ("x", (-1, 1)); the order of the bounds is the options'
-    check (BisectOptions), not this one's."""
-    m = _BRACKETED.fullmatch(text.strip())
-    name, sep, body = (m["name"], "=", m["body"]) if m else text.rpartition("=")
-    bounds = [_number(b) for b in body.split(",")] if sep and name else []
-    if len(bounds) != 2 or bounds[0] is None or bounds[1] is None:
-        raise typer.BadParameter(
-            f"--range {text!r}: expected NAME=LOW,HIGH or NAME:[LOW,HIGH], e.g. x=-1,1"
-        )
-    return name, (bounds[0], bounds[1])
-
-
-def _number(text: str) -> float | None:
-    text = text.strip()
-    if re.fullmatch(r"[+-]?\d+", text):
-        return int(text)
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def by_input(
-    flag: str, texts: Sequence[str] | None, parse: Callable[[str], tuple[str, T]]
-) -> dict[str, T]:
-    """A repeatable per-input option, one entry per input: the same input twice is a mistake
-    (which should win is a guess), so it is an error rather than last-wins."""
-    found: dict[str, tuple[str, T]] = {}
-    for text in texts or []:
-        name, value = parse(text)
-        if name in found:
-            raise typer.BadParameter(
-                f"{flag} names input {name!r} twice ({found[name][0]} and {text}); "
-                "give each input once"
-            )
-        found[name] = (text, value)
-    return {name: value for name, (_, value) in found.items()}
-
-
-def format_bytes(n: int) -> str:
-    """The inverse of ``parse_bytes`` for whole GB/MB: how a default is shown in --help."""
-    for unit, shift in (("GB", 30), ("MB", 20), ("KB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift}{unit}"
-    return str(n)
-
-
 def _show_version(value: bool) -> None:
     if value:
         typer.echo(f"onnx-bisect {__version__}")
@@ -248,96 +155,137 @@ MAX_MEMORY_TEXT = format_bytes(DEFAULTS.max_memory)
 THRESHOLD_TEXT = str(DEFAULTS.threshold)
 
 # --- the declarations ------------------------------------------------------------------------
+# --help's panels, in this order (cli/helptext.py): each declaration names its own, so every
+# command that shares an option shows it in the same panel.
+COMPARE = "What to compare"
+INPUTS = "Inputs"
+JUDGEMENT = "Judgement"
+SEARCH = "Search"
+OUTPUTS = "Outputs"
+RESOURCES = "Resources"
+PANELS = (COMPARE, INPUTS, JUDGEMENT, SEARCH, OUTPUTS, RESOURCES)
+
 # Every metavar is spelled out: typer's own (<str>, <bool>, <list[str]>) name Python types,
 # not what to type. Flags take none.
 
 ModelArg = Annotated[
-    Path, typer.Argument(help="The ONNX model.", metavar="MODEL", show_default=False)
+    Path,
+    typer.Argument(
+        help="The ONNX model.", metavar="MODEL", show_default=False, rich_help_panel=COMPARE
+    ),
 ]
 TargetOpt = Annotated[
-    str, typer.Option("--target", "-t", metavar="SPEC", help="Backend under test (spec).")
+    str,
+    typer.Option(
+        "--target",
+        "-t",
+        metavar="SPEC",
+        help="The backend under test: e.g. openvino, 'openvino?precision=f32', "
+        "'torch:cpu?dtype=bfloat16', 'exec:{python} rt.py {model} {inputs} {outputs}'. "
+        "`onnx-bisect backends` lists those that work here.",
+        rich_help_panel=COMPARE,
+    ),
 ]
-RefOpt = Annotated[str, typer.Option("--ref", "-r", metavar="SPEC", help="Trusted backend (spec).")]
+RefOpt = Annotated[
+    str,
+    typer.Option(
+        "--ref",
+        "-r",
+        metavar="SPEC",
+        help="The trusted backend (a spec, as --target).",
+        rich_help_panel=COMPARE,
+    ),
+]
 TargetModelOpt = Annotated[
     Path | None,
     typer.Option(
-        metavar="MODEL", help="Run this other model on the target (e.g. an optimized copy)."
+        metavar="MODEL",
+        help="Another model to run on the target: an optimized or quantized copy.",
+        rich_help_panel=COMPARE,
     ),
 ]
 TargetPrecisionOpt = Annotated[
     str | None,
     typer.Option(
         metavar="float16|bfloat16|tf32|float32",
-        help="What the target computes float32 work in, where its spec does not say (an "
-        "exec: runtime): it is then judged against the error that precision predicts.",
+        help="What an exec: target computes float32 work in; it is judged against the "
+        "error that precision predicts.",
+        rich_help_panel=COMPARE,
     ),
 ]
 InputOpt = Annotated[
     Path | None,
-    typer.Option("--input", "-i", metavar="PATH", help=".npz, .npy or test-case dir of .pb"),
+    typer.Option(
+        "--input",
+        "-i",
+        metavar="PATH",
+        help="The inputs: .npz, .npy, or an ONNX test-case folder of .pb files.",
+        rich_help_panel=INPUTS,
+    ),
 ]
 DatasetOpt = Annotated[
     str | None,
     typer.Option(
         metavar="DIR|GLOB|FILE.npz",
-        help="Many inputs instead of one: a directory of .npz files or test_data_set_* "
-        "folders, a glob (quoted), or one .npz whose arrays are split along their leading axis. "
-        "Every input is screened and ranked; the worst --sample are scanned and isolated.",
+        help="Many inputs: a folder (.npz files, test_data_set_*), a quoted glob, or one .npz "
+        "split along axis 0.",
+        rich_help_panel=INPUTS,
     ),
 ]
 SampleOpt = Annotated[
     int | None,
     typer.Option(
-        parser=_integer,
+        parser=parse_int,
         metavar="K",
-        help=f"With --dataset: the K worst inputs are scanned and isolated (default "
-        f"{DEFAULT_SAMPLE}).",
+        help=f"With --dataset: how many of the worst inputs to search (default {DEFAULT_SAMPLE}).",
         show_default=False,
+        rich_help_panel=INPUTS,
     ),
 ]
 JobsOpt = Annotated[
     int,
     typer.Option(
-        parser=_integer,
+        parser=parse_int,
         metavar="N",
-        help="With --dataset: run the per-input work in N local processes.",
+        help="With --dataset: N local worker processes.",
+        rich_help_panel=RESOURCES,
     ),
 ]
 RayOpt = Annotated[
     str | None,
     typer.Option(
         metavar="ADDRESS|local",
-        help="With --dataset: run the per-input work as Ray tasks on the cluster at ADDRESS, "
-        "or on one started here with 'local' (needs onnx-bisect\\[ray]).",
+        help="With --dataset: Ray tasks on the cluster at ADDRESS, or on one started here "
+        "('local'; needs onnx-bisect\\[ray]).",
+        rich_help_panel=RESOURCES,
     ),
 ]
 StepsOpt = Annotated[
     int | None,
     typer.Option(
-        parser=_integer,
+        parser=parse_int,
         metavar="N",
-        help="Run the model N times in lockstep, each step fed the reference's state and "
-        "token (present.* -> past_key_values.*, logits -> input_ids, or --state); the first "
-        "step that diverges is diagnosed.",
+        help="Run N steps in lockstep; diagnose the first that diverges (docs/steps.md).",
         show_default=False,
+        rich_help_panel=INPUTS,
     ),
 ]
 StateOpt = Annotated[
     list[str] | None,
     typer.Option(
         metavar="OUT=IN",
-        help="With --steps: output OUT feeds input IN at the next step; '*' stands for the "
-        "same text on both sides (e.g. 'present.*=past_key_values.*'). Repeatable.",
+        help="With --steps: OUT feeds IN next step; * globs.",
         show_default=False,
+        rich_help_panel=INPUTS,
     ),
 ]
 ChunksOpt = Annotated[
     Path | None,
     typer.Option(
         metavar="FILE.npz",
-        help="With --steps: per-step inputs, each array split along axis 0 (step k gets "
-        "array[k]: audio chunks, say).",
+        help="With --steps: step k gets array\\[k] of each.",
         show_default=False,
+        rich_help_panel=INPUTS,
     ),
 ]
 FreeRunOpt = Annotated[
@@ -345,7 +293,8 @@ FreeRunOpt = Annotated[
     typer.Option(
         "--free-run",
         metavar="",
-        help="With --steps: also let each side feed itself, and show where the two part.",
+        help="With --steps: also let each side feed itself.",
+        rich_help_panel=INPUTS,
     ),
 ]
 ShapeOpt = Annotated[
@@ -354,8 +303,9 @@ ShapeOpt = Annotated[
         "--shape",
         "-s",
         metavar="NAME=DIMS",
-        help="The shape of generated input NAME, for its dynamic dims: 1x3x640x640, or "
-        "Polygraphy's NAME:[1,3,640,640]. Repeat for each input.",
+        help="A generated input's shape: images=1x3x640x640 or images:[1,3,640,640]. "
+        "Repeat per input.",
+        rich_help_panel=INPUTS,
     ),
 ]
 ValueOpt = Annotated[
@@ -363,8 +313,8 @@ ValueOpt = Annotated[
     typer.Option(
         "--value",
         metavar="NAME=V",
-        help="Every element of generated input NAME is V (an integer for integer inputs, 0 "
-        "or 1 for bool). Repeat for each input.",
+        help="Fill generated input NAME with V (e.g. sr=16000). Repeat per input.",
+        rich_help_panel=INPUTS,
     ),
 ]
 RangeOpt = Annotated[
@@ -372,75 +322,97 @@ RangeOpt = Annotated[
     typer.Option(
         "--range",
         metavar="NAME=LOW,HIGH",
-        help="Generated input NAME is uniform in [LOW, HIGH) for floats, integers in [LOW, "
-        "HIGH] (both included) for integer inputs. Repeat for each input.",
+        help="Draw generated input NAME from [LOW, HIGH) (integers: [LOW, HIGH]). "
+        "Repeat per input.",
+        rich_help_panel=INPUTS,
     ),
 ]
 AllowNonfiniteOpt = Annotated[
     bool,
     typer.Option(
         metavar="",
-        help="Use inputs holding NaN or Inf (generated or given), which are refused otherwise: "
-        "they hide divergences.",
+        help="Accept inputs holding NaN or Inf (refused otherwise: they hide divergences).",
+        rich_help_panel=INPUTS,
     ),
 ]
 SeedOpt = Annotated[
-    int, typer.Option(parser=_integer, metavar="N", help="Seed for generated inputs (>= 0).")
+    int,
+    typer.Option(
+        parser=parse_int,
+        metavar="N",
+        help="Seed for generated inputs (>= 0).",
+        rich_help_panel=INPUTS,
+    ),
 ]
 MetricOpt = Annotated[
     str,
     typer.Option(
         metavar="NAME",
         help=f"Metric that decides divergence: {', '.join(METRICS)}.",
+        rich_help_panel=JUDGEMENT,
     ),
 ]
 ThresholdOpt = Annotated[
     str,
     typer.Option(
         metavar="X|auto",
-        help="Divergence threshold for --metric, or 'auto': k × each tensor's fp32 noise "
-        "(measured against a float64 reference) + eps.",
+        help="A tensor diverges past this: a number for --metric, or auto: k × the "
+        "tensor's own fp32 noise (against float64) + eps.",
+        rich_help_panel=JUDGEMENT,
     ),
 ]
 NoiseKOpt = Annotated[
     float,
     typer.Option(
-        parser=_real,
+        parser=parse_real,
         metavar="K",
-        help="With --threshold auto: multiplier on each tensor's fp32 noise.",
+        help="With --threshold auto: k, the multiplier on fp32 noise.",
+        rich_help_panel=JUDGEMENT,
     ),
 ]
 NoiseEpsOpt = Annotated[
     float,
     typer.Option(
-        parser=_real,
+        parser=parse_real,
         metavar="EPS",
-        help="With --threshold auto: added to every threshold (rel_l2).",
+        help="With --threshold auto: eps, added to every threshold.",
+        rich_help_panel=JUDGEMENT,
     ),
 ]
 AtolOpt = Annotated[
     float | None,
-    typer.Option(parser=_real, metavar="X", help="Use allclose semantics with this atol."),
+    typer.Option(
+        parser=parse_real,
+        metavar="X",
+        help="Judge as allclose, with this atol.",
+        rich_help_panel=JUDGEMENT,
+    ),
 ]
 RtolOpt = Annotated[
     float | None,
-    typer.Option(parser=_real, metavar="X", help="Use allclose semantics with this rtol."),
+    typer.Option(
+        parser=parse_real,
+        metavar="X",
+        help="Judge as allclose, with this rtol.",
+        rich_help_panel=JUDGEMENT,
+    ),
 ]
 MaxMemoryOpt = Annotated[
     str,
     typer.Option(
         metavar="SIZE",
-        help="Memory for tensors across the whole process tree (this tool, in-process "
-        "runtimes, exec: runtimes): probe outputs, runtimes' working sets, kept values. "
-        "Weights and a fixed overhead (at most 600MB measured) come on top. E.g. 4GB, 256MB.",
+        help="Memory for tensors in every process of the run, e.g. 4GB; weights and about "
+        "600MB come on top.",
+        rich_help_panel=RESOURCES,
     ),
 ]
 StrategyOpt = Annotated[
     str,
     typer.Option(
         metavar="|".join(STRATEGIES),
-        help="scan: mark everything; bisect: search over cuts; auto: scan, then bisect if "
-        "marking outputs changes the target's result.",
+        help="scan marks every tensor; bisect searches cuts, keeping fusions; auto scans, "
+        "then bisects if marking changes the target's result.",
+        rich_help_panel=SEARCH,
     ),
 ]
 IsolateCrashesOpt = Annotated[
@@ -448,106 +420,146 @@ IsolateCrashesOpt = Annotated[
     typer.Option(
         "--isolate-crashes/--no-isolate-crashes",
         metavar="",
-        help="Run target steps in a child process so a crash is caught and localized "
-        "(always on for exec: targets).",
+        help="Run the target in a child process, so that a crash is localized (always "
+        "so for exec:).",
         show_default=False,
+        rich_help_panel=RESOURCES,
     ),
 ]
 TimeoutOpt = Annotated[
     float | None,
     typer.Option(
-        parser=_real,
+        parser=parse_real,
         metavar="SECONDS",
-        help="Seconds per target run before it counts as a crash.",
+        help="A target run longer than this is a crash (a hang).",
+        rich_help_panel=RESOURCES,
     ),
 ]
 UnrollMaxOpt = Annotated[
     int,
     typer.Option(
-        parser=_count,
+        parser=parse_count,
         metavar="N",
-        help="Unroll a Loop or Scan that runs at most N iterations for these inputs, so its "
-        "body's nodes are probed and can be named.",
+        help="Unroll a Loop or Scan of at most N iterations, so its body's nodes are probed.",
+        rich_help_panel=SEARCH,
     ),
 ]
 BisectPassesOpt = Annotated[
     str,
     typer.Option(
         metavar="|".join(PASS_MODES),
-        help="After a divergence, find which of the target's optimizer passes causes it "
-        "(auto: where the target has passes to switch off; on: also say when it has none).",
+        help="After a divergence, find which of the target's optimizer passes causes it.",
+        rich_help_panel=SEARCH,
     ),
 ]
 PassesOpt = Annotated[
     str,
     typer.Option(
         metavar="A,B,C",
-        help="An exec: runtime's pass names; its command takes {disable}, replaced by the "
-        "passes to turn off.",
+        help="An exec: runtime's pass names, for {disable} in its command.",
+        rich_help_panel=SEARCH,
     ),
 ]
 AlwaysScanOpt = Annotated[
-    bool, typer.Option(metavar="", help="Scan and isolate even when the final outputs agree.")
+    bool,
+    typer.Option(
+        metavar="",
+        help="Search even when the final outputs agree.",
+        rich_help_panel=SEARCH,
+    ),
 ]
 TopKOpt = Annotated[
     list[str] | None,
     typer.Option(
         metavar="K[:OUTPUT]",
-        help="Task-level check: top-K label agreement, K[:OUTPUT]\\[@AXIS][[START:STOP]] "
-        "(e.g. 5:logits, 1:output0@1[4:]). Repeatable; reported, not a verdict.",
+        help="Also report top-K label agreement: K[:OUTPUT]\\[@AXIS][[START:STOP]], e.g. "
+        "5:logits. Repeatable.",
+        rich_help_panel=JUDGEMENT,
     ),
 ]
 QuantGoalOpt = Annotated[
     float | None,
     typer.Option(
-        parser=_real,
+        parser=parse_real,
         metavar="X",
-        help="Quantized --target-model: the keep-in-float search's goal, the worst output "
-        "channel's rel_l2 (with --topk: 1 - top-1 agreement) to reach. Default: the few "
-        "nodes that recover 80% of the loss quantization causes.",
+        help="Quantized --target-model: the worst channel's rel_l2 to reach (default: 80% "
+        "of the loss recovered).",
+        rich_help_panel=JUDGEMENT,
     ),
 ]
 CalibrationOpt = Annotated[
     str | None,
     typer.Option(
         metavar="DIR|FILE.npz",
-        help="Quantized --target-model: its calibration inputs (a directory, a quoted glob or "
-        "one .npz split in rows). The float model is quantized again with them and the "
-        "int8 model's settings to verify the keep-in-float set (a dynamic model needs none).",
+        help="Quantized --target-model: inputs to quantize it again with (the check of the "
+        "keep-in-float set).",
+        rich_help_panel=JUDGEMENT,
     ),
 ]
 ReproOpt = Annotated[
     bool,
     typer.Option(
-        metavar="", help="With --out and a divergence: write a verified repro bundle to OUT/repro."
+        metavar="",
+        help="With --out: write a verified repro bundle to OUT/repro.",
+        rich_help_panel=OUTPUTS,
     ),
 ]
 FormatOpt = Annotated[
     str,
     typer.Option(
-        "--format", "-f", metavar="FORMATS", help="Report formats: md,json,csv,html,png,explorer."
+        "--format",
+        "-f",
+        metavar="FORMATS",
+        help="Report formats: md,json,csv,html,png,explorer.",
+        rich_help_panel=OUTPUTS,
     ),
 ]
 TopOpt = Annotated[
     int,
-    typer.Option(parser=_count, metavar="N", help="Rows in the terminal's top table (>= 0)."),
+    typer.Option(
+        parser=parse_count,
+        metavar="N",
+        help="Rows in the terminal's top table.",
+        rich_help_panel=OUTPUTS,
+    ),
 ]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="Only the exit code.")]
+QuietOpt = Annotated[
+    bool,
+    typer.Option("--quiet", "-q", metavar="", help="Only the exit code.", rich_help_panel=OUTPUTS),
+]
 VerboseOpt = Annotated[
-    bool, typer.Option("--verbose", "-v", metavar="", help="Log each phase with its time and runs.")
+    bool,
+    typer.Option(
+        "--verbose",
+        "-v",
+        metavar="",
+        help="Log each phase with its time and runs.",
+        rich_help_panel=OUTPUTS,
+    ),
 ]
-DebugOpt = Annotated[bool, typer.Option(metavar="", help="Show tracebacks for internal errors.")]
+DebugOpt = Annotated[
+    bool,
+    typer.Option(metavar="", help="Show tracebacks for internal errors.", rich_help_panel=OUTPUTS),
+]
 # repro: repro.py's own options, whose defaults are what the bundle recorded.
 BundleRefOpt = Annotated[
     str | None,
     typer.Option(
-        "--ref", "-r", metavar="SPEC", help="Trusted backend (spec); default: the bundle's."
+        "--ref",
+        "-r",
+        metavar="SPEC",
+        help="Trusted backend (spec); default: the bundle's.",
+        rich_help_panel=COMPARE,
     ),
 ]
 BundleTargetOpt = Annotated[
     str | None,
     typer.Option(
-        "--target", "-t", metavar="SPEC", help="Backend under test (spec); default: the bundle's."
+        "--target",
+        "-t",
+        metavar="SPEC",
+        help="Backend under test (spec); default: the bundle's.",
+        rich_help_panel=COMPARE,
     ),
 ]
 BundleMetricOpt = Annotated[
@@ -555,12 +567,16 @@ BundleMetricOpt = Annotated[
     typer.Option(
         metavar="NAME",
         help=f"Metric that decides divergence: {', '.join(METRICS)}; default: the bundle's.",
+        rich_help_panel=JUDGEMENT,
     ),
 ]
 BundleThresholdOpt = Annotated[
     float | None,
     typer.Option(
-        parser=_real, metavar="X", help="Divergence threshold for --metric; default: the bundle's."
+        parser=parse_real,
+        metavar="X",
+        help="Divergence threshold for --metric; default: the bundle's.",
+        rich_help_panel=JUDGEMENT,
     ),
 ]
 VersionOpt = Annotated[
@@ -572,5 +588,6 @@ VersionOpt = Annotated[
         is_eager=True,
         expose_value=False,
         help="Show the version and exit.",
+        rich_help_panel=OUTPUTS,
     ),
 ]

@@ -74,6 +74,10 @@ class Criterion:
     # How many steps apart such a tensor may be: one per integer kernel that rounded it (a
     # window of nodes run together rounds once in each).
     quant_steps: int = 1
+    # One quantized model on two backends: per accumulator of an integer kernel (and its float
+    # result), the largest difference per last-axis column that its integer inputs one step
+    # apart can make. Held only where the inputs may differ (not ``for_isolation``).
+    quant_bounds: Mapping[str, Array] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
@@ -127,8 +131,11 @@ class Criterion:
         return self.k * floor + self.eps, floor
 
     def for_isolation(self) -> Criterion:
-        """The criterion for nodes fed the reference's values: isolated precision floors."""
-        return self if self.floors is None else replace(self, isolating=True)
+        """The criterion for nodes fed the reference's values: isolated precision floors, and
+        no bounds for flipped integer inputs (a kernel fed the reference's own integers)."""
+        if self.floors is None and not self.quant_bounds:
+            return self
+        return replace(self, isolating=self.floors is not None, quant_bounds=None)
 
     @property
     def allclose(self) -> bool:
@@ -147,14 +154,21 @@ class Criterion:
         floor = f" and max_abs > {self.abs_floor:g} × max(1, |reference|)" if self.abs_floor else ""
         return f"{self.metric} {op} {self._limit()}{floor}"
 
-    def agreement(self) -> str:
+    def agreement(self, measured: Comparison | None = None, *, largest: bool = False) -> str:
         """When a tensor agrees, the negation of ``describe()``: ``rel_l2 ≤ 0.001``. Said of
-        outputs that pass, ``describe()`` read as if they had crossed the threshold."""
+        outputs that pass, ``describe()`` read as if they had crossed the threshold. With
+        ``measured`` (the worst output), its error beside the bound it was held against:
+        ``rel_l2 4.1e-07 ≤ 4 × fp32 noise + 1e-05 = 2.3e-05``."""
         if self.allclose:
             return self.describe()
         op = "≤" if METRICS[self.metric].higher_is_worse else "≥"
         floor = f" or max_abs ≤ {self.abs_floor:g} × max(1, |reference|)" if self.abs_floor else ""
-        return f"{self.metric} {op} {self._limit()}{floor}"
+        if measured is None or self.key not in measured.metrics:
+            return f"{self.metric} {op} {self._limit()}{floor}"
+        value = f"{'largest ' if largest else ''}{self.metric} {measured.shown(self.key)}"
+        bound = measured.threshold
+        held = f" = {fmt(bound)}" if self.auto and bound is not None else ""
+        return f"{value} {op} {self._limit()}{held}{floor}"
 
     def _limit(self) -> str:
         return f"{self.k:g} × fp32 noise + {self.eps:g}" if self.auto else f"{self.threshold:g}"

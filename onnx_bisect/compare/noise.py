@@ -9,7 +9,7 @@ deep tensor whose fp32 rounding has grown to 1e-4 does not flag that rounding.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,14 +36,22 @@ class NoiseFloor:
     off when the reference itself is wrong (its own floor would excuse its error)."""
 
     def __init__(
-        self, float64: Float64Values, oracle_noise: Mapping[str, float] | None = None
+        self,
+        float64: Float64Values,
+        oracle_noise: Mapping[str, float] | None = None,
+        inexact: Collection[str] = (),
     ) -> None:
         self.float64 = float64
         self.oracle_noise = dict(oracle_noise or {})
+        # Values the oracle holds that are not float64 ones (a node computed in float32 by
+        # a stand-in): no floor and no truth from them.
+        self.inexact = frozenset(inexact)
         self._cache: dict[str, float | None] = {}
 
     def truth(self, tensor: str) -> tuple[npt.NDArray[Any], float] | None:
         if tensor not in self.oracle_noise or tensor not in self.float64:
+            return None
+        if tensor in self.inexact:
             return None
         return self.float64.get(tensor), self.oracle_noise[tensor]
 
@@ -53,7 +61,7 @@ class NoiseFloor:
         return self._cache[tensor]
 
     def _measure(self, tensor: str, ref: npt.NDArray[Any]) -> float | None:
-        if tensor not in self.float64:
+        if tensor not in self.float64 or tensor in self.inexact:
             return None
         return fp32_noise(self.float64.get(tensor), ref)
 

@@ -20,9 +20,10 @@ from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.backends.spec import BackendSpec, parse_spec
 from onnx_bisect.compare.criterion import Criterion
 from onnx_bisect.compare.noise import NoiseFloor
-from onnx_bisect.compare.precision import PrecisionFloors
+from onnx_bisect.compare.precision import PrecisionFloors, PrecisionInfo
 from onnx_bisect.compare.topk import TopKCheck, TopKSpec, topk_checks
 from onnx_bisect.engine.found import Found
+from onnx_bisect.engine.judge import reference_is_off, reference_off_note
 from onnx_bisect.engine.measure.memory import plan_memory
 from onnx_bisect.engine.measure.observe import Observed, screen
 from onnx_bisect.engine.oracle.float64 import FLOAT64_MAX_WEIGHTS, Float64Run, measure_float64
@@ -32,8 +33,8 @@ from onnx_bisect.engine.precision import (
     unasked_precision,
     unasked_precision_cause,
 )
-from onnx_bisect.engine.quant.pairing import integer_steps
 from onnx_bisect.engine.quant.prelude import prepare_early
+from onnx_bisect.engine.quant.steps import GRIDS, IntegerGrids, integer_grids, one_model_report
 from onnx_bisect.engine.recorded import run_feeds
 from onnx_bisect.engine.search.failure import failure_search
 from onnx_bisect.engine.session import Feeds, Session, Setup, StageTimer
@@ -47,7 +48,16 @@ from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.inputs.feeds import input_specs, validate_feeds
 from onnx_bisect.inputs.limits import nonfinite_notes
 from onnx_bisect.options import BisectOptions, ModelLike
-from onnx_bisect.result import BackendInfo, BisectResult, Outcome, PassBisection, ReproInfo
+from onnx_bisect.quant_result import KeepInFp32, QuantReport
+from onnx_bisect.result import (
+    BackendInfo,
+    BisectResult,
+    CauseKind,
+    Outcome,
+    PassBisection,
+    ReproInfo,
+)
+from onnx_bisect.text import plural
 from onnx_bisect.transforms.apply import transformed
 from onnx_bisect.transforms.registry import TransformRecord
 
@@ -170,11 +180,18 @@ def open_session(
     )
     memory.require(factor=2 if options.auto_threshold else 1)
     crit = options.criterion()
-    if setup.target_model is None and is_quantized(loaded):
-        crit = replace(crit, quantized=integer_steps(loaded))
     session = Session(
         setup, feeds, crit, sizes, scratch, memory, timer=timer, notes=list(setup.notes)
     )
+    if setup.target_model is None and is_quantized(loaded):
+        # One quantized model on two backends: integers compared in steps of their scales
+        # (a dynamic model's read from one reference run), flipped inputs' effect bounded.
+        grids = integer_grids(session)
+        crit = replace(crit, quantized=grids.params, quant_bounds=grids.bounds)
+        session.crit = crit
+        session.prepared[GRIDS] = grids
+        if grids.note:
+            session.notes.append(grids.note)
     if options.auto_threshold:
         job = lambda: _auto_criterion(session, crit, noise_for, oracle_in_child)  # noqa: E731
         # Over 2 GB of weights the oracle runs first, alone: beside the screen, where the
@@ -191,6 +208,19 @@ def open_session(
 FALLBACK_ABS_FLOOR = 1e-6
 
 
+def _one_model_quant(session: Session, diagnosis: Diagnosis) -> QuantReport | None:
+    """One quantized model on two backends: how its integers compared (report.json's
+    ``quantization``), from the outputs and every node compared."""
+    grids = session.prepared.get(GRIDS)
+    if not isinstance(grids, IntegerGrids):
+        return None
+    screened, found = diagnosis.screened, diagnosis.found
+    compared = list(screened.comparisons.values()) if screened is not None else []
+    if found is not None:
+        compared += [c for n in found.nodes for c in (n.accumulated, n.isolated) if c is not None]
+    return one_model_report(grids, compared)
+
+
 def _in_order(tally: Mapping[str, T], first: tuple[str, ...]) -> dict[str, T]:
     """``tally`` with ``first`` leading: the float64 oracle runs in a thread, so when its
     entries land varies from run to run, and the report should not."""
@@ -205,10 +235,17 @@ def _auto_criterion(
         float64 = _float64_or_none(session, names, in_child)
     if float64 is None:
         return replace(crit, abs_floor=FALLBACK_ABS_FLOOR)
-    floors = NoiseFloor(float64.values, float64.oracle_noise)
-    crit = replace(session.options.noise_criterion(floors, floors.truth), quantized=crit.quantized)
+    floors = NoiseFloor(float64.values, float64.oracle_noise, float64.inexact)
+    crit = replace(
+        session.options.noise_criterion(floors, floors.truth),
+        quantized=crit.quantized,
+        quant_bounds=crit.quant_bounds,
+    )
     target = session.setup.target_precision
-    if target.lowered and float64.precision_isolated:
+    measured = target.lowered and bool(float64.precision_isolated)
+    if float64.inexact:
+        session.notes.append(_inexact_note(sorted(float64.inexact), crit, target, measured))
+    if measured:
         lowered = PrecisionFloors(
             target.precision, float64.precision_noise, float64.precision_isolated
         )
@@ -219,6 +256,21 @@ def _auto_criterion(
             "precision floors were measured (they need torch): it is judged against fp32 noise"
         )
     return crit
+
+
+def _inexact_note(
+    tensors: Sequence[str], crit: Criterion, target: PrecisionInfo, floors: bool
+) -> str:
+    """What judges the tensors the oracle has no float64 value of (said, never silent)."""
+    named = ", ".join(repr(t) for t in tensors[:5]) + (" …" if len(tensors) > 5 else "")
+    if floors:
+        how = f"{target.precision.value} precision floors, measured from their own operands"
+    else:
+        how = f"rel_l2 > {crit.threshold:g}, a fixed threshold"
+    return (
+        f"--threshold auto: no float64 value of {plural(len(tensors), 'tensor')} ({named}): "
+        f"only ONNX Runtime computed their nodes, in float32; they are judged by {how}"
+    )
 
 
 def _float64_or_none(
@@ -276,6 +328,11 @@ def diagnose(session: Session, screened: Screened | None = None) -> Diagnosis:
     found = STRATEGIES[strategy](session, screened)
     if unasked:
         found = replace(found, cause=unasked_precision_cause(session, screened))
+    if diverged and reference_is_off(screened, found):
+        # float64 sides with the target: the reference's kernel is the less exact one, and
+        # the target is not the one that diverged.
+        session.notes.append(reference_off_note(found))
+        diverged = False
     return Diagnosis(screened, found, diverged)
 
 
@@ -284,6 +341,7 @@ def to_result(
     diagnosis: Diagnosis,
     repro: ReproInfo | None,
     passes: PassBisection | None = None,
+    fp32: KeepInFp32 | None = None,
 ) -> BisectResult:
     """The ``BisectResult`` of a diagnosis, with the bundle written for it (if any)."""
     setup, found, screened = session.setup, diagnosis.found, diagnosis.screened
@@ -296,7 +354,8 @@ def to_result(
         notes += precision_notes(
             found.nodes, setup.target_info, setup.target_precision, floors=floors
         )
-        if not diagnosis.diverged and first is not None:
+        reference_off = found.cause is not None and found.cause.kind is CauseKind.REFERENCE
+        if not diagnosis.diverged and first is not None and not reference_off:
             notes.append(
                 f"the final outputs agree, but {first.name!r} and later tensors diverge inside "
                 "the graph: the error does not reach the outputs beyond the threshold"
@@ -325,7 +384,12 @@ def to_result(
         # With agreeing outputs a cause is shown only where --always-scan asked for one (a
         # transform's scan runs anyway, and its "culprit" would contradict the exit code).
         root_cause=found.cause
-        if found and (diagnosis.diverged or (first and setup.options.always_scan))
+        if found
+        and (
+            diagnosis.diverged
+            or (first and setup.options.always_scan)
+            or (found.cause is not None and found.cause.kind is CauseKind.REFERENCE)
+        )
         else None,
         nodes=found.nodes if found else (),
         not_probed=setup.loaded.not_probed,
@@ -340,7 +404,8 @@ def to_result(
         chain=found.chain if found else (),
         repro=repro,
         matching=found.matching if found else None,
-        quant=found.quant if found else None,
+        quant=found.quant if found and found.quant else _one_model_quant(session, diagnosis),
+        keep_fp32=fp32,
         target_model=setup.target_label,
         transforms=setup.transforms,
         task_checks=tuple(checks),

@@ -13,6 +13,7 @@ from dataclasses import replace
 from onnx_bisect.compare.criterion import Comparison, Criterion, Status
 from onnx_bisect.compare.precision import DATA_MOVEMENT, format_of
 from onnx_bisect.compare.tensors import compare_tensors
+from onnx_bisect.engine.found import Found
 from onnx_bisect.engine.measure.isolate import IsolationFailure
 from onnx_bisect.engine.measure.observe import Observed
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
@@ -31,6 +32,8 @@ __all__ = [
     "judge",
     "mark_pattern",
     "observer_problem",
+    "reference_is_off",
+    "reference_off_note",
     "root_cause",
 ]
 
@@ -349,3 +352,26 @@ def mark_pattern(
         for n in nodes
     ]
     return marked, next(n for n in marked if n.name == first.name), cause
+
+
+def reference_is_off(screened: Observed, found: Found) -> bool:
+    """Whether float64 sides with the target: the root cause is a node where the reference is
+    the side that is off, and every diverged output is one where the target is within the
+    oracle's fp32 noise of float64 and the reference is not. The target then did not
+    diverge; the reference's kernel is the less exact one."""
+    cause = found.cause
+    if cause is None or cause.kind is not CauseKind.REFERENCE:
+        return False
+    diverged = [c for c in screened.comparisons.values() if c.diverged]
+    return bool(diverged) and all(c.reference_off for c in diverged)
+
+
+def reference_off_note(found: Found) -> str:
+    """The answer when ``reference_is_off``: which side, which node of the reference's."""
+    assert found.cause is not None
+    node = next((n for n in found.nodes if n.name in found.cause.nodes), None)
+    where = f"{node.op_type} {node.name!r}" if node is not None else ", ".join(found.cause.nodes)
+    return (
+        f"the target agrees with float64 and the reference does not: the reference's kernel "
+        f"of {where} is the less exact side, so the target is not called diverged"
+    )

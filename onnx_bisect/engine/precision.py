@@ -48,6 +48,9 @@ def unasked_precision(session: Session, screened: Observed) -> bool:
     return lowered and any(c.within_precision for c in screened.comparisons.values())
 
 
+_VERIFIED = "verified"
+
+
 def unasked_precision_cause(session: Session, screened: Observed) -> RootCause:
     """The cause when the runtime chose a lower precision unasked: its setting, and the fp32
     spec run on the whole model to show that it is the workaround."""
@@ -65,6 +68,7 @@ def unasked_precision_cause(session: Session, screened: Observed) -> RootCause:
         f"{fmt(worst.metrics.get('rel_l2'))}, {name} floor {fmt(worst.precision_floor)}). "
         f"Workaround: {target_arg(spec)} ({verdict})",
         workaround="" if spec.startswith("the ") else spec,
+        workaround_verified=verdict.startswith(_VERIFIED),
     )
 
 
@@ -87,7 +91,7 @@ def _workaround_verdict(session: Session, spec: str, screened: Observed) -> str:
     ]
     if diverged:
         return f"NOT verified: {', '.join(diverged[:3])} still diverge at fp32 noise"
-    return "verified: it agrees with the reference at fp32 noise"
+    return f"{_VERIFIED}: it agrees with the reference at fp32 noise"
 
 
 def side_precision(

@@ -30,7 +30,7 @@ from onnx_bisect.engine.session import Session
 from onnx_bisect.result import CauseKind, NodeResult, RootCause, Verdict
 from onnx_bisect.text import plural
 
-__all__ = ["MAX_SUSPECTS", "settle"]
+__all__ = ["MAX_ALONE", "MAX_SUSPECTS", "rank_suspects"]
 
 # Suspects are measured where there are 2 to MAX_SUSPECTS of them; the MAX_ALONE first are
 # each repaired alone (one target run of the whole model each), then all together.
@@ -43,7 +43,7 @@ _STARTS = (Verdict.CULPRIT, Verdict.RANGE)
 Settled = tuple[list[NodeResult], NodeResult | None, RootCause | None]
 
 
-def settle(
+def rank_suspects(
     session: Session,
     store: TensorStore,
     nodes: Sequence[NodeResult],
@@ -58,7 +58,7 @@ def settle(
         # Many at once is a precision or a criterion, not bugs to tell apart (every Conv at
         # atol 0): the static rank (an Inf, then a range problem, first) stands.
         return list(nodes), first, cause
-    with session.timer.stage("settle"):
+    with session.timer.stage("rank"):
         values = target_alone(session, store, [session.loaded.nodes[n.index] for n in suspects])
         effects = {n.name: injected(session, store, [n.name], values) for n in suspects}
         harmless = _harmless(session, store, suspects, effects, values)
@@ -153,7 +153,7 @@ def _verified(
     set found that does; the others named with their measured effect."""
     for node in ranked[:MAX_ALONE]:
         fixed = repaired(session, store, [node.name])
-        if fixed is not None and fixed.agrees:
+        if fixed is not None and fixed.shows and fixed.agrees:
             base = culprit_cause(node)
             reason = (
                 f"{base.reason}; fed the reference's values there, the target's outputs agree "
@@ -162,6 +162,8 @@ def _verified(
             return replace(base, reason=reason)
     names = [n.name for n in ranked]
     fixed = repaired(session, store, names)
+    if fixed is not None and not fixed.shows:
+        return cause  # they compute every output: a repair there proves nothing
     if fixed is None:
         return replace(
             cause,
@@ -177,7 +179,8 @@ def _verified(
         )
     for name in reversed([n.name for n in ranked]):
         fewer = [n for n in names if n != name]
-        if fewer and (again := repaired(session, store, fewer)) is not None and again.agrees:
+        again = repaired(session, store, fewer) if fewer else None
+        if again is not None and again.shows and again.agrees:
             names = fewer
     chosen = [n for n in ranked if n.name in names]
     kind = CauseKind.RANGE if all(n.verdict is Verdict.RANGE for n in chosen) else CauseKind.CULPRIT

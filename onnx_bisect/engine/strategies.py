@@ -32,7 +32,7 @@ from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.quant.conclude import conclude
 from onnx_bisect.engine.quant.prelude import prelude
-from onnx_bisect.engine.ranking import settle
+from onnx_bisect.engine.ranking import rank_suspects
 from onnx_bisect.engine.search.cut import CutRefused, CutResult, cut_search, search_info
 from onnx_bisect.engine.search.failure import failure_search
 from onnx_bisect.engine.search.marking import find_marking
@@ -83,7 +83,7 @@ def scan_strategy(session: Session, screened: Observed) -> Found:
     first = first_divergence(nodes)
     cause = root_cause(nodes, first)
     if screened.diverged:  # several suspects: the one whose repair brings the outputs back
-        nodes, first, cause = settle(session, store, nodes, first, cause)
+        nodes, first, cause = rank_suspects(session, store, nodes, first, cause)
     if first is not None and cause is not None and cause.kind is CauseKind.NONE:
         nodes, first, cause, _ = _with_pattern(session, store, nodes, first, cause, None)
     if observer and screened.diverged and session.options.strategy == "auto":

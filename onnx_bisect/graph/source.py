@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import onnx
 
-__all__ = ["SourceInfo", "node_source"]
+__all__ = ["SourceInfo", "node_source", "shown_source", "source_lines"]
 
 SCOPES = "pkg.torch.onnx.name_scopes"
 CLASSES = "pkg.torch.onnx.class_hierarchy"
@@ -104,3 +105,16 @@ def _scoped_name(name: str) -> SourceInfo | None:
         else:
             parts.append(comp)
     return SourceInfo(".".join(parts)) if parts else None
+
+
+def shown_source(sources: Mapping[str, SourceInfo], name: str) -> str | None:
+    """Where node ``name`` comes from, where that says more than its name (report.json has
+    the module path of a scoped name too)."""
+    src = sources.get(name)
+    return src.describe() if src is not None and src.beyond_name else None
+
+
+def source_lines(sources: Mapping[str, SourceInfo], nodes: Sequence[str]) -> list[str]:
+    """Where ``nodes`` come from, a line per module (three at most), for the root cause."""
+    shown = (shown_source(sources, name) for name in nodes)
+    return list(dict.fromkeys(s for s in shown if s is not None))[:3]

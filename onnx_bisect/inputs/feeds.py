@@ -224,8 +224,11 @@ def _finite_values(values: Values | None) -> None:
             )
 
 
-def save_npz(path: Path, tensors: Mapping[str, npt.NDArray[np.generic]]) -> None:
+def save_npz(path: str | Path, tensors: Mapping[str, npt.ArrayLike]) -> None:
     """Write tensors keyed by name, readable by ``np.load``; any name round-trips.
+
+    Public as ``onnx_bisect.save_npz``, for an ``exec:`` runtime's wrapper to write its
+    ``outputs.npz`` with (docs/exec-protocol.md).
 
     Written entry by entry rather than through ``np.savez(**tensors)``, whose keyword arguments
     would swallow tensors named ``file`` or ``allow_pickle``.

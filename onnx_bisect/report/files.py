@@ -66,11 +66,18 @@ def check_formats(formats: Sequence[str]) -> None:
 
 
 def write_reports(
-    result: BisectResult, out_dir: str | Path, formats: Sequence[str] = FORMATS
+    result: BisectResult,
+    out_dir: str | Path,
+    formats: Sequence[str] = FORMATS,
+    *,
+    shown_as: str | Path | None = None,
 ) -> list[Path]:
-    """Write the reports and ``inputs.npz`` to ``out_dir``; returns the paths written."""
+    """Write the reports and ``inputs.npz`` to ``out_dir``; returns the paths written.
+    ``shown_as``: the folder the reports will be in, where ``out_dir`` is a staging folder
+    (what "onnx-bisect view FOLDER" in their next steps names)."""
     check_formats(formats)
     out_dir = Path(out_dir)
+    folder = Path(shown_as or out_dir) if "explorer" in formats else None
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     if "json" in formats:
@@ -79,7 +86,7 @@ def write_reports(
         written.append(path)
     if "md" in formats:
         path = out_dir / "report.md"
-        path.write_text(render_markdown(result))
+        path.write_text(render_markdown(result, folder))
         written.append(path)
     if "csv" in formats:
         path = out_dir / "nodes.csv"
@@ -87,7 +94,7 @@ def write_reports(
         written.append(path)
     if "html" in formats:
         path = out_dir / "report.html"
-        path.write_text(render_html(result), encoding="utf-8")
+        path.write_text(render_html(result, folder), encoding="utf-8")
         written.append(path)
     if "png" in formats:
         written += _write_png(result, out_dir / "error_curve.png")
@@ -184,7 +191,7 @@ class StagedOut:
                 result, repro=dataclasses.replace(result.repro, path=str(shown))
             )
         if formats:
-            write_reports(result, self.stage, formats)
+            write_reports(result, self.stage, formats, shown_as=self.out)
         return Published(result, replace_owned(self.stage, self.out, self.owned))
 
 

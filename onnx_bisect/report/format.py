@@ -14,7 +14,7 @@ from collections.abc import Callable
 from onnx_bisect.compare.criterion import Comparison
 from onnx_bisect.report.curve import error_curve
 from onnx_bisect.report.escape import code, one_line
-from onnx_bisect.result import BisectResult, NodeResult, first_divergence_phrase
+from onnx_bisect.result import REPRO_CHECK, BisectResult, NodeResult, first_divergence_phrase
 from onnx_bisect.text import fmt, fmt_amp, plural
 
 __all__ = [
@@ -125,5 +125,9 @@ def stage_runs_line(result: BisectResult) -> str:
     if not stages:
         return ""
     what = "compiles" if result.target.compiles else "runs"
+    # The bundle's own repro.py ran the runtime outside this process: said apart, so that
+    # "in all" is the sum of the runs line's target roles (target, passes, workaround).
+    checked = stages.pop(REPRO_CHECK, 0)
     listed = ", ".join(f"{k} {v}" for k, v in stages.items())
-    return f"target {what} by stage: {listed} ({sum(stages.values())} in all)"
+    line = f"target {what} by stage: {listed} ({sum(stages.values())} in all)"
+    return line + (f"; and {checked} by the repro bundle's own repro.py" if checked else "")

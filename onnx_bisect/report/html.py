@@ -10,26 +10,31 @@ optional extra); without matplotlib the page says how to get it and is otherwise
 from __future__ import annotations
 
 import math
+import re
 from html import escape
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from onnx_bisect.graph.source import shown_source, source_lines
 from onnx_bisect.report.escape import shell
 from onnx_bisect.report.format import chain_line, first_divergence_phrase, fmt_error, search_line
+from onnx_bisect.report.markdown import step_list
 from onnx_bisect.report.neighbourhood import MAX_NODES, neighbourhood, neighbourhood_svg
 from onnx_bisect.report.plots import PLOTS_HINT, curve_svg
-from onnx_bisect.report.quant import quant_html
+from onnx_bisect.report.quant import keep_fp32_html, quant_html
 from onnx_bisect.report.steps import steps_html
 from onnx_bisect.result import (
     INSIDE,
     INSIDE_CAUSE,
     INSIDE_FIRST,
+    agreement,
+    headline,
+    lowered_by_runtime,
+    no_divergence_found,
     nonfinite_origin,
     nonfinite_phrase,
     precision_phrase,
-    shown_source,
-    source_lines,
     within_precision,
 )
 from onnx_bisect.text import fmt, fmt_amp, plural
@@ -47,7 +52,8 @@ def _asset(name: str) -> str:
     return (files("onnx_bisect.report") / "assets" / name).read_text(encoding="utf-8")
 
 
-def render_html(result: BisectResult) -> str:
+def render_html(result: BisectResult, folder: Path | None = None) -> str:
+    """report.html; ``folder``: where it and Model Explorer's files are, for the next steps."""
     title = f"onnx-bisect: {result.target.spec} vs {result.ref.spec}"
     if result.target_model:  # two models: name both (the backends may be the same)
         sides = f"{Path(result.target_model).name} vs {Path(result.model).name}"
@@ -58,8 +64,10 @@ def render_html(result: BisectResult) -> str:
         + (f" (the target runs {escape(result.target_model)})" if result.target_model else "")
         + "</p>",
         *(quant_html(result.quant) if result.quant is not None else []),
+        *(keep_fp32_html(result.keep_fp32) if result.keep_fp32 is not None else []),
         *_summary(result),
         *(steps_html(result.steps) if result.steps is not None else []),
+        *_steps(result, folder),
         *_curve(result),
         *_graph(result),
         *_table(result),
@@ -84,13 +92,15 @@ def render_html(result: BisectResult) -> str:
 
 def _summary(r: BisectResult) -> list[str]:
     crit = r.criterion
-    if r.diverged:
+    if lowered_by_runtime(r):
+        state, said = ("lowered", headline(r)), ("each tensor judged against", crit.describe())
+    elif r.diverged:
         state, said = ("diverged", "Diverged"), ("a tensor diverges where", crit.describe())
     elif agrees := within_precision(r):
         head, _, numbers = agrees.partition(": ")
         state, said = ("match", "No divergence"), (escape(head) + ":", numbers)
     else:
-        state, said = ("match", "No divergence"), ("every final output agrees:", crit.agreement())
+        state, said = ("match", "No divergence"), ("every final output agrees:", agreement(r))
     out = [
         f'<p><span class="verdict {state[0]}">{state[1]}</span> '
         f"{said[0]} <code>{escape(said[1])}</code></p>"
@@ -124,12 +134,12 @@ def _summary(r: BisectResult) -> list[str]:
             if acc is not None and acc.diverged
             else first_divergence_phrase(fd)
         )
-        if (src := shown_source(r, fd.name)) is not None:
+        if (src := shown_source(r.sources, fd.name)) is not None:
             what += f" (from {src})"
         label = "First divergence" if r.diverged else f"{INSIDE_FIRST} ({INSIDE})"
         facts.append((label, f"{_node(fd)}: {escape(what)}"))
     elif r.diverged:
-        facts.append(("First divergence", "none among the probed tensors"))
+        facts.append(("First divergence", escape(no_divergence_found(r))))
     if (origin := nonfinite_origin(r)) is not None:
         appears, where = nonfinite_phrase(origin)
         tensor = f"tensor <code>{escape(origin.tensor or '')}</code>"
@@ -138,7 +148,7 @@ def _summary(r: BisectResult) -> list[str]:
     if rc is not None:
         names = ", ".join(f"<code>{escape(n)}</code>" for n in rc.nodes)
         text = f"<b>{escape(rc.kind.value)}</b>: {f'{names}. ' if names else ''}{escape(rc.reason)}"
-        text += "".join(f"<br>from {escape(line)}" for line in source_lines(r, rc.nodes))
+        text += "".join(f"<br>from {escape(line)}" for line in source_lines(r.sources, rc.nodes))
         if rc.message:
             text += f"<br>The target said:<pre>{escape(rc.message)}</pre>"
         if rc.model_message:
@@ -177,6 +187,26 @@ def _repro(r: BisectResult) -> str:
         f"<code>{escape(rp.path)}</code> ({plural(len(rp.nodes), 'node')} of {rp.nodes_before}; "
         f"{escape(state)}). {escape(rp.message)}<pre>{escape(run)}</pre>"
     )
+
+
+_CODE_SPAN = re.compile(r"(`+) ?(.*?) ?\1")
+
+
+def _steps(r: BisectResult, folder: Path | None) -> list[str]:
+    """report.md's next steps, as a list: its code spans as ``<code>``."""
+    steps = step_list(r, folder)
+    if not steps:
+        return []
+
+    def html(step: str) -> str:
+        parts = _CODE_SPAN.split(step)  # text, fence, code, text, fence, code, ...
+        out = [escape(parts[0])]
+        for i in range(1, len(parts), 3):
+            out += [f"<code>{escape(parts[i + 1])}</code>", escape(parts[i + 2])]
+        return "".join(out)
+
+    items = "".join(f"<li>{html(s)}</li>" for s in steps)
+    return [f'<h2>Next steps</h2><ol class="steps">{items}</ol>']
 
 
 def _curve(r: BisectResult) -> list[str]:

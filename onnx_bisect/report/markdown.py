@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from onnx_bisect.graph.source import shown_source, source_lines
 from onnx_bisect.report.escape import cell, code, one_line, shell
 from onnx_bisect.report.format import (
     chain_line,
@@ -22,14 +23,16 @@ from onnx_bisect.report.format import (
 )
 from onnx_bisect.report.mermaid import focus_node, mermaid_lines
 from onnx_bisect.report.passes import pass_markdown, workaround_step
-from onnx_bisect.report.quant import quant_markdown
+from onnx_bisect.report.quant import keep_fp32_markdown, quant_markdown
 from onnx_bisect.report.steps import steps_markdown
 from onnx_bisect.result import (
+    agreement,
+    headline,
+    no_divergence_found,
     nonfinite_origin,
     nonfinite_phrase,
     precision_phrase,
-    shown_source,
-    source_lines,
+    reference_less_exact,
     target_arg,
     within_precision,
 )
@@ -37,7 +40,7 @@ from onnx_bisect.result import (
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
 
-__all__ = ["around", "next_steps", "render_markdown", "render_table"]
+__all__ = ["around", "next_steps", "render_markdown", "render_table", "step_list"]
 
 # GitHub caps an issue body at 65,536 characters and a report has to be read whole; the full
 # table is nodes.csv and report.json, so report.md shows the rows around the root cause.
@@ -46,17 +49,20 @@ TOP_K = 5  # without a node to centre on, the worst few
 INPUTS_SHOWN = 10  # a dataset's worst inputs listed
 
 
-def render_markdown(result: BisectResult) -> str:
+def render_markdown(result: BisectResult, folder: Path | None = None) -> str:
+    """report.md; ``folder``: where it and Model Explorer's files are, for the next steps."""
     lines: list[str] = [_title(result), ""]
     if result.quant is not None:
         lines += quant_markdown(result.quant) + [""]
+    if result.keep_fp32 is not None:
+        lines += keep_fp32_markdown(result.keep_fp32) + [""]
     lines += _summary(result)
     diagram = mermaid_lines(result)
     if diagram:
         lines += ["", "**Root cause, its neighbours and the amplification chain**", "", *diagram]
     lines += _inputs_section(result)
     lines += steps_markdown(result.steps) if result.steps is not None else []
-    lines += next_steps(result)
+    lines += next_steps(result, folder)
     if result.pass_bisection is not None:
         lines += pass_markdown(result.pass_bisection)
     lines += _nodes_section(result)
@@ -175,8 +181,18 @@ def _title(result: BisectResult) -> str:
     return f"# onnx-bisect: {code(result.target.spec)} vs {code(result.ref.spec)}"
 
 
-def next_steps(result: BisectResult) -> list[str]:
-    """What to do with the finding: reproduce it, report it, work around it, look at it."""
+def next_steps(result: BisectResult, folder: Path | None = None) -> list[str]:
+    """The "Next steps" section of report.md (see ``step_list``)."""
+    steps = step_list(result, folder)
+    if not steps:
+        return []
+    return ["", "**Next steps**", "", *(f"{i}. {s}" for i, s in enumerate(steps, 1))]
+
+
+def step_list(result: BisectResult, folder: Path | None = None) -> list[str]:
+    """What to do with the finding, in Markdown: reproduce it, report it, work around it,
+    look at it. ``folder``: where the reports are, with Model Explorer's files (no "look at
+    it" step without one: a made-up path would be a command that fails)."""
     if not result.diverged:
         return []
     steps: list[str] = []
@@ -197,23 +213,31 @@ def next_steps(result: BisectResult) -> list[str]:
     if rc is not None and rc.workaround:
         steps.append(f"Work around it: {code(target_arg(rc.workaround))} computes at fp32.")
     steps += [f"Work around it: {one_line(n)}." for n in result.notes if "compare at fp32" in n]
-    out = shell(Path(r.path).parent) if r is not None else "OUT"
-    steps.append(
-        f"Look at it: {code(f'onnx-bisect view {out}')} shows the accumulated and isolated "
-        "errors on the graph in Model Explorer."
-    )
-    return ["", "**Next steps**", "", *(f"{i}. {s}" for i, s in enumerate(steps, 1))]
+    if folder is not None:
+        steps.append(
+            f"Look at it: {code(f'onnx-bisect view {shell(folder)}')} shows the accumulated "
+            "and isolated errors on the graph in Model Explorer."
+        )
+    return steps
 
 
 def _summary(result: BisectResult) -> list[str]:
     said = precision_phrase(result)
     precision = [f"- **Precision:** {said}."] if said else []
     if not result.diverged:
-        agree = within_precision(result) or (
-            f"every final output agrees: {result.criterion.agreement()}"
+        weaker = reference_less_exact(result)
+        agree = (
+            within_precision(result)
+            or weaker
+            or f"every final output agrees: {agreement(result)}"
         )
-        return [f"**No divergence**: {agree}.", *precision, *_dataset_lines(result)]
-    out = ["**Diverged.**", "", *precision, *_dataset_lines(result)]
+        lines = [f"**No divergence**: {agree}.", *precision, *_dataset_lines(result)]
+        rc = result.root_cause
+        if weaker and rc is not None:  # which node of the reference's to look at
+            names = ", ".join(code(n) for n in rc.nodes)
+            lines.append(f"- **Root cause ({rc.kind}):** {names}. {one_line(rc.reason)}")
+        return lines
+    out = [f"**{headline(result)}.**", "", *precision, *_dataset_lines(result)]
     fd = result.first_divergence
     if fd is not None and fd.accumulated is not None:
         acc = fd.accumulated
@@ -226,8 +250,8 @@ def _summary(result: BisectResult) -> list[str]:
     elif fd is not None:
         out.append(f"- **First divergence:** {node_label(fd)}: {first_divergence_phrase(fd)}.")
     else:
-        out.append("- **First divergence:** none among the probed tensors.")
-    if fd is not None and (src := shown_source(result, fd.name)) is not None:
+        out.append(f"- **First divergence:** {no_divergence_found(result)}.")
+    if fd is not None and (src := shown_source(result.sources, fd.name)) is not None:
         out.append(f"  - from {one_line(src)}")
     origin = nonfinite_origin(result)
     if origin is not None:
@@ -239,7 +263,7 @@ def _summary(result: BisectResult) -> list[str]:
         names = ", ".join(code(n) for n in rc.nodes)
         reason = one_line(rc.reason)
         out.append(f"- **Root cause ({rc.kind}):** {f'{names}. ' if names else ''}{reason}")
-        out += [f"  - from {one_line(line)}" for line in source_lines(result, rc.nodes)]
+        out += [f"  - from {one_line(line)}" for line in source_lines(result.sources, rc.nodes)]
         if rc.message:
             out += ["", "The target said:", "", *fenced(rc.message), ""]
         if rc.model_message:

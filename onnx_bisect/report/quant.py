@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from html import escape
 
-from onnx_bisect.quant_result import KeepInFloat, QuantReport, QuantRow
+from onnx_bisect.quant_result import KeepInFloat, KeepInFp32, QuantReport, QuantRow
 from onnx_bisect.report.escape import cell, code
 from onnx_bisect.text import fmt
 
-__all__ = ["quant_html", "quant_markdown"]
+__all__ = ["keep_fp32_html", "keep_fp32_markdown", "quant_html", "quant_markdown"]
 
 ROWS = 12  # table rows shown; report.json has them all
 
@@ -27,6 +27,26 @@ def _answer(k: KeepInFloat) -> tuple[str, str, str]:
     if not k.verified:
         state = "NOT verified"
     return state, measured, k.call or f"quantize_static(..., {k.nodes_to_exclude})"
+
+
+def keep_fp32_markdown(k: KeepInFp32) -> list[str]:
+    """A float16 conversion's keep-in-fp32 answer: the set, its effect, the call to paste."""
+    out = ["## Keep in float32", ""]
+    if not (k.nodes or k.ops):
+        return [*out, f"No set found ({k.runs} runs): {k.note}"]
+    state = f"verified by {k.verified_by}" if k.verified else "NOT verified"
+    named = k.ops if k.kind == "op_block_list" else k.nodes
+    out += [
+        f"**{k.kind}** {', '.join(code(n) for n in named)} ({state}; {k.runs} runs): "
+        f"{k.goal}; worst output rel_l2 {fmt(k.before)} → {fmt(k.after)}",
+        "",
+        "```python",
+        "from onnxconverter_common import float16",
+        *([k.prepare] if k.prepare else []),
+        f"model = {k.call}",
+        "```",
+    ]
+    return out + (["", k.note] if k.note else [])
 
 
 def quant_markdown(q: QuantReport) -> list[str]:
@@ -72,6 +92,15 @@ def quant_markdown(q: QuantReport) -> list[str]:
 
 _HEAD = ("tensor", "kind", "scale", "rel_l2", "rounding floor", "SQNR dB", "clipped", "steps",
          "shared scale")  # fmt: skip
+
+
+def keep_fp32_html(k: KeepInFp32) -> list[str]:
+    """The keep-in-fp32 answer for report.html: the line the terminal prints, and the call."""
+    out = ["<h2>Keep in float32</h2>", f"<p>{escape(k.line())}</p>"]
+    if k.nodes or k.ops:
+        code_lines = [line for line in (k.prepare, f"model = {k.call}") if line]
+        out.append(f"<pre><code>{escape(chr(10).join(code_lines))}</code></pre>")
+    return out
 
 
 def quant_html(q: QuantReport) -> list[str]:

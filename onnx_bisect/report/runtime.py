@@ -83,7 +83,7 @@ def _program(command: str) -> str | None:
     if not words:
         return None
     program = PurePath(words[0]).name
-    if program.startswith("python") and len(words) > 1:
+    if (program.startswith("python") or program == "{python}") and len(words) > 1:
         if words[1] == "-m" and len(words) > 2:
             return words[2]
         if not words[1].startswith("-"):

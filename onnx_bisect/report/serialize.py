@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from onnx_bisect.dataset_result import DatasetSummary, NodeStats, Spread
+    from onnx_bisect.quant_result import KeepInFp32
     from onnx_bisect.result import BisectResult, NodeResult
 
 __all__ = [
@@ -66,6 +67,12 @@ def _num(x: float | None) -> float | str | None:
     if isinstance(x, float | np.floating) and not math.isfinite(x):
         return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
     return float(x)
+
+
+def _keep_fp32(k: KeepInFp32 | None) -> dict[str, Any] | None:
+    if k is None:
+        return None
+    return {**k.to_dict(), "before": _num(k.before), "after": _num(k.after)}
 
 
 def _comparison_dict(c: Comparison | None) -> dict[str, Any] | None:
@@ -299,6 +306,7 @@ def to_dict(result: BisectResult) -> dict[str, Any]:
         "target_model": result.target_model or None,
         "tensor_matching": result.matching.to_dict() if result.matching is not None else None,
         "quantization": result.quant.to_dict() if result.quant is not None else None,
+        "keep_in_fp32": _keep_fp32(result.keep_fp32),
         "transforms": [t.to_dict() for t in result.transforms],
         "task_checks": [c.to_dict() for c in result.task_checks],
         "pass_bisection": result.pass_bisection.to_dict() if result.pass_bisection else None,

@@ -30,10 +30,17 @@ from onnx_bisect.report.format import (
 if TYPE_CHECKING:
     from onnx_bisect.result import BisectResult, NodeResult
 
-__all__ = ["THRESHOLD_FELL_BACK", "print_summary"]
+__all__ = ["NO_FLOAT64_VALUE", "ORACLE_STAND_IN", "THRESHOLD_FELL_BACK", "print_summary"]
 
 # How engine/diagnose.py's note begins when no float64 oracle ran for ``--threshold auto``.
 THRESHOLD_FELL_BACK = "--threshold auto: no float64 values"
+# ... when the oracle ran, but some nodes' values are not float64 ones (engine/diagnose.py).
+NO_FLOAT64_VALUE = "--threshold auto: no float64 value of"
+# How the oracle's note on a node torch did not compute begins (engine/oracle/job.py).
+ORACLE_STAND_IN = "float64 oracle: "
+
+# Notes that say what the verdict was judged against: printed next to it, whatever it is.
+_JUDGED_BY = (THRESHOLD_FELL_BACK, NO_FLOAT64_VALUE, ORACLE_STAND_IN)
 
 _VERDICT_STYLE = {
     "culprit": "bold red",
@@ -42,6 +49,7 @@ _VERDICT_STYLE = {
     "failed": "magenta",
     "crashed": "bold magenta",
     "pattern": "bold red",
+    "harmless": "dim",
     "ok": "green",
 }
 
@@ -50,10 +58,12 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
     console = console or Console()
     console.print(result.summary_text())
     for note in result.notes:
-        # The verdict was judged against a fixed threshold, not the noise floor asked for: a
-        # small fault can pass it, so this is said next to the verdict, not among the notes.
-        if note.startswith(THRESHOLD_FELL_BACK):
+        # The verdict was judged against a fixed threshold, not the noise floor asked for (a
+        # small fault can pass it), or some floors came another way: said next to the verdict.
+        if note.startswith((THRESHOLD_FELL_BACK, NO_FLOAT64_VALUE)):
             console.print(Text.assemble(("warning:", "bold yellow"), f" {note}"))
+        elif note.startswith(ORACLE_STAND_IN):
+            console.print(Text.assemble(("note:", "dim"), f" {note}"))
     if not result.diverged and not result.nodes:
         return
     _print_table(result, console, top)
@@ -63,7 +73,7 @@ def print_summary(result: BisectResult, console: Console | None = None, top: int
         for line in curve_lines(result):
             console.print(line, markup=False, highlight=False)
     for note in result.notes:
-        if not note.startswith(THRESHOLD_FELL_BACK):
+        if not note.startswith(_JUDGED_BY):
             console.print(Text.assemble(("note:", "dim"), f" {note}"))
     if result.search is not None:
         console.print(Text(search_line(result), style="dim"))
@@ -91,16 +101,45 @@ def _print_table(result: BisectResult, console: Console, top: int) -> None:
     rows = result.top(top)
     if not rows:
         return
-    table = _table(result, rows, compact=False)
+    pinned = _pinned(result, rows)
+    title = f"Top {plural(len(rows), 'node')} by accumulated error"
+    if pinned:
+        title += ", and " + " and ".join(dict.fromkeys(what for what, _ in pinned))
+    rows += [n for _, n in pinned]
+    table = _table(result, rows, title, compact=False)
     # Measured without the console's limit, which a measurement is otherwise clamped to.
     natural = Measurement.get(console, console.options.update_width(1 << 20), table).maximum
     if natural > console.width:
-        table = _table(result, rows, compact=True)
+        table = _table(result, rows, title, compact=True)
     console.print(table)
 
 
-def _table(result: BisectResult, rows: list[NodeResult], *, compact: bool) -> Table:
-    title = f"Top {plural(len(rows), 'node')} by accumulated error"
+def _pinned(result: BisectResult, rows: list[NodeResult]) -> list[tuple[str, NodeResult]]:
+    """The first divergence and the root cause's nodes that the top rows leave out, each with
+    what it is: the table must show where the error starts and what causes it, however many
+    nodes the error grows larger in downstream (ten ``propagated`` rows can hide the culprit)."""
+    by_name = {n.name: n for n in result.nodes}
+    roles: dict[str, list[str]] = {}
+    fd = result.first_divergence
+    if fd is not None and fd.name in by_name:
+        roles.setdefault(fd.name, []).append("first divergence")
+    rc = result.root_cause
+    for name in rc.nodes[:_MOST_PINNED] if rc is not None else ():
+        if name in by_name:
+            roles.setdefault(name, []).append("root cause")
+    shown = {n.name for n in rows}
+    return [
+        ("the " + " and ".join(what), by_name[name])
+        for name, what in roles.items()
+        if name not in shown
+    ]
+
+
+# A pattern's window can hold many nodes: its first few are pinned, the rest are in nodes.csv.
+_MOST_PINNED = 3
+
+
+def _table(result: BisectResult, rows: list[NodeResult], title: str, *, compact: bool) -> Table:
     if compact:
         table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     else:

@@ -36,7 +36,8 @@ Backend specs (quote them in the shell):
 
 exec:COMMAND is split like a shell would and run without one, with {model}, {inputs} and
 {outputs} replaced by paths: the model, an .npz of the inputs keyed by graph input name, and
-the .npz of outputs keyed by graph output name that the program must write.
+the .npz of outputs keyed by graph output name that the program must write; {python} is the
+interpreter running this script.
 
 dump:PATH replays tensors recorded earlier (what `onnx-bisect dump` writes: NAME.npy files with
 the name percent-encoded; or .pb TensorProtos carrying their names; or one .npz). A relative
@@ -464,6 +465,8 @@ def _exec_runner(spec: Spec, timeout: float | None) -> Runner:
                 "{model}": str(model_path.resolve()),
                 "{inputs}": str(Path(tmp) / "inputs.npz"),
                 "{outputs}": str(Path(tmp) / "outputs.npz"),
+                # The interpreter running this script, as {python} was onnx-bisect's own.
+                "{python}": sys.executable,
             }
             save_npz(Path(paths["{inputs}"]), {k: feeds[k] for k in feed_names(model)})
             args = [_substitute(a, paths) for a in argv]

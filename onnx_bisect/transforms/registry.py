@@ -6,8 +6,8 @@ graphs, matched by tensor name (see ``matching``); names a transform reuses for 
 are found there and left out.
 
 Each transform is a thin call into the library that owns it; the only code of our own is the
-repair of what onnxconverter-common gets wrong (see ``_repair_fp16_casts``). More kinds come
-from the ``onnx_bisect.transforms`` entry-point group (``name = "module:KIND"``, a
+block list that keeps onnxconverter-common from writing invalid models (``transforms/fp16.py``).
+More kinds come from the ``onnx_bisect.transforms`` entry-point group (``name = "module:KIND"``, a
 ``TransformKind``), read in every process, so a transform's child process finds them too.
 
 A kind whose argument is a list of passes says so (``passes``): pass bisection then applies

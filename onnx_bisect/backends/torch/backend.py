@@ -8,7 +8,7 @@ docs/architecture.md for why we interpret instead of converting with onnx2fx.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
 import onnx
@@ -24,6 +24,9 @@ from onnx_bisect.backends.torch.devices import (
 from onnx_bisect.backends.torch.options import TorchOptions
 from onnx_bisect.compare.precision import Precision, PrecisionInfo
 from onnx_bisect.errors import BackendUnavailableError
+
+if TYPE_CHECKING:
+    from onnx_bisect.backends.torch.stand_in import StandIn
 
 __all__ = ["TorchBackend"]
 
@@ -41,6 +44,8 @@ class TorchBackend(BackendBase):
             raise BackendUnavailableError(unavailable_without_torch(device, text, missing))
         check_device(self.options.device, spec.text)
         self._weights: Any = None  # a WeightCache, made on the first run (it imports torch)
+        # ``fallback=1``: the nodes computed without torch so far, by name (``StandIn``).
+        self.stand_ins: dict[str, StandIn] = {}
 
     @staticmethod
     def unavailable_reason() -> str | None:
@@ -87,8 +92,11 @@ class TorchBackend(BackendBase):
 
         o = self.options
         policy = numerics(tf32=o.tf32, deterministic=o.deterministic)
-        with policy, intra_op_threads(o.threads), torch.inference_mode():
-            program.run(inputs, emit=take, known=known)
+        try:
+            with policy, intra_op_threads(o.threads), torch.inference_mode():
+                program.run(inputs, emit=take, known=known)
+        finally:
+            self._took_stand_ins(program)
 
     def _program(self, model: onnx.ModelProto) -> Any:
         import torch
@@ -106,7 +114,15 @@ class TorchBackend(BackendBase):
 
             policy, rounding = torch.float32, Rounding(o.round)
         device = torch.device(o.device)
-        return Program(model.graph, opsets, device, policy, self._weights, rounding)
+        return Program(
+            model.graph, opsets, device, policy, self._weights, rounding, fallback=o.fallback
+        )
+
+    def _took_stand_ins(self, program: Any) -> None:
+        """Each node a run computed without torch (``fallback=1``), kept and said once."""
+        for node, used in program.stand_ins.items():
+            self.stand_ins[node] = used
+            self._note(used.describe(), once=True)
 
     def run_compiled(
         self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]], compiler: str | None
@@ -128,8 +144,11 @@ class TorchBackend(BackendBase):
                 with torch.no_grad():  # tracing needs autograd's dispatch, not inference mode
                     out = compiled_run(program, inputs, compiler)
             else:
-                with torch.inference_mode():
-                    out = program.run(inputs)
+                try:
+                    with torch.inference_mode():
+                        out = program.run(inputs)
+                finally:
+                    self._took_stand_ins(program)
         # One at a time, each tensor dropped once copied: a copy of all of them beside the
         # tensors would double the run's outputs.
         arrays: Tensors = {}

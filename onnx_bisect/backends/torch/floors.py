@@ -31,9 +31,9 @@ def isolated_floors(
     subgraph reading its caller's scope) are left out."""
     opsets = {("" if i.domain == "ai.onnx" else i.domain): i.version for i in model.opset_import}
     device = torch.device("cpu")
-    exact = Program(model.graph, opsets, device, torch.float64)
+    exact = Program(model.graph, opsets, device, torch.float64, fallback=True)
     rounding = Rounding(precision)
-    low = Program(model.graph, opsets, device, torch.float32, rounding=rounding)
+    low = Program(model.graph, opsets, device, torch.float32, rounding=rounding, fallback=True)
     floors: dict[str, float] = {}
 
     def observe(
@@ -43,9 +43,12 @@ def isolated_floors(
     ) -> None:
         step = low.steps[index]
         op = step.node.op_type
+        # A node the float64 run computed by a stand-in (its translation failed on these
+        # operands) is computed so here too.
+        fn = exact.steps[index].fn if step.node.name in exact.stand_ins else step.fn
         cast = [_float32(v) for v in operands]
         try:
-            low_results = step.fn(step.ctx, rounding.operands(op, cast), step.attrs)
+            low_results = fn(step.ctx, rounding.operands(op, cast), step.attrs)
         except Exception:  # noqa: BLE001 - a node that cannot run alone has no floor
             return
         if isinstance(low_results, torch.Tensor):

@@ -9,7 +9,7 @@ memory stays at what the live tensors need.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import numpy.typing as npt
@@ -26,10 +26,11 @@ from onnx_bisect.backends.torch.context import (
 from onnx_bisect.backends.torch.ops import lookup
 from onnx_bisect.backends.torch.ops.registry import OpFn, UnsupportedOperator
 from onnx_bisect.backends.torch.rounding import Rounding
+from onnx_bisect.backends.torch.stand_in import StandIn, stand_in
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.weights import is_external, tensor_array
 
-__all__ = ["Observer", "Program", "WeightCache", "referenced_names"]
+__all__ = ["Observer", "Program", "TranslationFailed", "WeightCache", "referenced_names"]
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,14 @@ class Program:
         policy: torch.dtype | None,
         weights: WeightCache | None = None,
         rounding: Rounding | None = None,
+        fallback: bool = False,
     ) -> None:
         self.graph, self.opsets, self.device, self.policy = graph, dict(opsets), device, policy
         self.rounding = rounding
+        # ``fallback``: a node torch cannot compute is computed alone another way
+        # (``stand_in.py``), recorded here by node name; without it, such a node fails the run.
+        self.fallback = fallback
+        self.stand_ins: dict[str, StandIn] = {}
         self._weights = weights if weights is not None else WeightCache()
         self._subprograms: dict[int, Program] = {}
         self._scope: dict[str, torch.Tensor | None] = {}
@@ -81,17 +87,23 @@ class Program:
     def _bind(self, node: onnx.NodeProto, reads: frozenset[str]) -> _Step:
         domain = "" if node.domain == "ai.onnx" else node.domain
         opset = self.opsets.get(domain)
-        if opset is None:
-            raise UnsupportedOperator(
-                f"node {node.name!r}: the torch backend does not support domain {domain!r}"
-            )
         try:
-            fn = lookup(node.op_type, opset, domain)
+            if opset is None:
+                raise UnsupportedOperator(
+                    f"node {node.name!r}: the torch backend does not support domain {domain!r}"
+                )
+            try:
+                fn = lookup(node.op_type, opset, domain)
+            except UnsupportedOperator as exc:
+                raise UnsupportedOperator(f"node {node.name!r}: {exc}", node=node.name) from None
         except UnsupportedOperator as exc:
-            raise UnsupportedOperator(f"node {node.name!r}: {exc}", node=node.name) from None
+            if not self.fallback:
+                raise
+            why = str(exc).removeprefix(f"node {node.name!r}: ").split("; docs/")[0]
+            fn = stand_in(node, self.opsets, why, self.stand_ins)
         types = tuple(self._declared.get(n, 0) for n in node.input)
         ctx = OpContext(
-            self.device, self.policy, opset, self._run_subgraph, len(node.output), types
+            self.device, self.policy, opset or 0, self._run_subgraph, len(node.output), types
         )
         return _Step(node, fn, attributes(node), ctx, reads)
 
@@ -150,7 +162,7 @@ class Program:
                 operands = [self._operand(env[n], step.ctx) if n else None for n in step.node.input]
                 if self.rounding is not None:
                     operands = self.rounding.operands(step.node.op_type, operands)
-                results = _call(step, operands)
+                results = self._call(i, step, operands)
                 if self.rounding is not None:
                     results = self.rounding.results(step.node.op_type, results)
                 if observe is not None:
@@ -175,6 +187,19 @@ class Program:
         base = OpContext(self.device, self.policy, 0, self._run_subgraph)
         return {n: self._operand(env[n], base) for n in wanted}
 
+    def _call(
+        self, index: int, step: _Step, operands: list[torch.Tensor | None]
+    ) -> Sequence[torch.Tensor | None]:
+        try:
+            return _call(step, operands)
+        except TranslationFailed as exc:
+            if not self.fallback:
+                raise
+            # This model's use of the op is beyond our translation: the stand-in from now on.
+            fn = stand_in(step.node, self.opsets, exc.why, self.stand_ins)
+            step = self.steps[index] = replace(step, fn=fn)
+            return _call(step, operands)
+
     def _operand(self, value: Any, ctx: OpContext) -> torch.Tensor | None:
         # A lazy weight is read and converted for this one use, then dropped with the
         # operands: the run holds one such weight at a time, not all of them.
@@ -190,8 +215,15 @@ class Program:
         program = self._subprograms.get(id(graph))
         if program is None:
             program = Program(
-                graph, self.opsets, self.device, self.policy, self._weights, self.rounding
+                graph,
+                self.opsets,
+                self.device,
+                self.policy,
+                self._weights,
+                self.rounding,
+                fallback=self.fallback,
             )
+            program.stand_ins = self.stand_ins  # one record for the graph and its subgraphs
             self._subprograms[id(graph)] = program
         scope = self._scope
         feeds = dict(zip(program.inputs, inputs, strict=False))
@@ -275,6 +307,15 @@ def _drop(name: str, value: torch.Tensor | None) -> None:
     pass
 
 
+class TranslationFailed(BackendError):
+    """Our translation of a node into torch calls raised: a limit of this backend's op, not of
+    the model or of torch (``torch.stft`` itself may be fine where our STFT is not)."""
+
+    def __init__(self, node: onnx.NodeProto, text: str) -> None:
+        self.why = f"the torch backend's translation of {node.op_type} failed: {text}"
+        super().__init__(f"node {node.name!r} ({node.op_type}): {self.why}", node=node.name)
+
+
 def _call(step: _Step, inputs: list[torch.Tensor | None]) -> Sequence[torch.Tensor | None]:
     node = step.node
     try:
@@ -282,11 +323,9 @@ def _call(step: _Step, inputs: list[torch.Tensor | None]) -> Sequence[torch.Tens
     except BackendError:
         raise
     except Exception as exc:
-        # The node's name is what the search and the user need; torch's message says why.
+        # The node's name is what the search and the user need; the exception says why.
         text = " ".join(str(exc).split())[:300] or type(exc).__name__
-        raise BackendError(
-            f"node {node.name!r} ({node.op_type}) failed in torch: {text}", node=node.name
-        ) from exc
+        raise TranslationFailed(node, text) from exc
     return (result,) if isinstance(result, torch.Tensor) else tuple(result)
 
 

@@ -1,5 +1,10 @@
 """The torch spec: ``torch[:DEVICE][?dtype=..&compile=..&tf32=0|1&deterministic=0|1&threads=N
-&round=float16|bfloat16|tf32]``.
+&round=float16|bfloat16|tf32&fallback=0|1]``.
+
+``fallback=1`` computes a node the backend cannot (an operator it lacks, a use of one its
+translation fails on) alone by ``onnx.reference``, else by ONNX Runtime (``stand_in.py``),
+and says so in its notes: the float64 oracle's setting, so that one op costs one node's
+float64 value, not the whole model's.
 
 ``round=`` makes a *faithful* lower-precision runtime: every node computes in float32 from
 operands rounded to that precision and its outputs are rounded again (TF32: MatMul, Gemm and
@@ -22,7 +27,7 @@ __all__ = ["COMPILERS", "DTYPES", "KEYS", "ROUNDINGS", "TorchOptions"]
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 COMPILERS = ("inductor", "aot_eager", "eager")
-KEYS = ("dtype", "compile", "tf32", "deterministic", "threads", "round")
+KEYS = ("dtype", "compile", "tf32", "deterministic", "threads", "round", "fallback")
 ROUNDINGS = ("float16", "bfloat16", "tf32")
 _DEVICE = re.compile(r"^(cpu|mps|xpu(:\d+)?|cuda(:\d+)?)$")
 _FLAGS = {"0": False, "1": True, "false": False, "true": True, "off": False, "on": True}
@@ -37,6 +42,7 @@ class TorchOptions:
     deterministic: bool | None = None  # None: leave torch's setting alone
     threads: int | None = None  # None: torch's own intra-op thread count
     round: str | None = None  # a faithful lower precision (module docstring); None: none
+    fallback: bool = False  # nodes torch cannot compute computed alone another way
 
     @classmethod
     def parse(cls, spec: BackendSpec) -> TorchOptions:
@@ -58,6 +64,7 @@ class TorchOptions:
             deterministic=_flag(spec, "deterministic"),
             threads=_count(spec, "threads"),
             round=_rounding(spec, dtype),
+            fallback=bool(_flag(spec, "fallback")),
         )
 
     def label(self) -> str:
@@ -72,6 +79,8 @@ class TorchOptions:
             parts.append(f"threads={self.threads}")
         if self.round is not None:
             parts.append(f"round={self.round}")
+        if self.fallback:
+            parts.append("fallback=1")
         return " ".join(parts)
 
 

@@ -21,6 +21,7 @@ import onnx
 from onnx_bisect.backends.protocol import Backend, BackendBase, Emit, Tensors
 from onnx_bisect.engine.progress import count_run, current_phase
 from onnx_bisect.errors import BackendError
+from onnx_bisect.result import REPRO_CHECK
 
 __all__ = ["TARGET_ROLES", "RunStats", "plan_chunks", "run_pair", "timed_run", "timed_stream"]
 
@@ -31,7 +32,7 @@ U = TypeVar("U")
 # The roles whose runs are the target's runtime at work: its own runs, a pass bisection's
 # (the target with some passes off) and a precision workaround's.
 TARGET_ROLES = ("target", "passes", "workaround")
-CHECK = "repro check"
+CHECK = REPRO_CHECK
 
 
 @dataclass
@@ -52,7 +53,8 @@ class RunStats:
             self.runs[role] = self.runs.get(role, 0) + 1
             self.seconds[role] = self.seconds.get(role, 0.0) + seconds
             if role in TARGET_ROLES:
-                stage = current_phase() or "other"
+                # Outside any phase, a workaround's or a pass bisection's run is its own stage.
+                stage = current_phase() or ("other" if role == "target" else role)
                 self.target_by_stage[stage] = self.target_by_stage.get(stage, 0) + 1
         count_run(role)
 

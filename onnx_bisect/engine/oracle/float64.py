@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 
-from onnx_bisect.backends.protocol import Backend, BackendBase, streams
+from onnx_bisect.backends.protocol import Backend, streams
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.backends.torch.devices import find_spec_safe
 from onnx_bisect.compare.noise import fp32_noise
@@ -24,7 +24,13 @@ from onnx_bisect.engine.measure.observe import probe_runs
 from onnx_bisect.engine.measure.runs import plan_chunks, timed_run, timed_stream
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.oracle import child as oracle_child
-from onnx_bisect.engine.oracle.job import ORACLE, TWIN, precision_floors
+from onnx_bisect.engine.oracle.job import (
+    ORACLE,
+    TWIN,
+    inexact,
+    oracle_notes,
+    precision_floors,
+)
 from onnx_bisect.engine.progress import Abandoned
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError, BackendUnavailableError
@@ -70,6 +76,9 @@ class Float64Run:
     # each node's isolated error at that precision, both against float64 (precision floors).
     precision_noise: Mapping[str, float] = field(default_factory=dict)
     precision_isolated: Mapping[str, float] = field(default_factory=dict)
+    # Tensors whose value here is not a float64 one: a node only ONNX Runtime could compute,
+    # in float32 (``backends/torch/stand_in.py``). No fp32 noise floor is measured for them.
+    inexact: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -122,8 +131,8 @@ def measure_float64(
 def _here(session: Session, spec: str, twin: str, names: Sequence[str] | None = None) -> _Measured:
     backend, fp32 = create_backend(spec), create_backend(twin)
     run = _float64_probes(session, backend, fp32, _probes(session, names))
-    notes = [n for b in (backend, fp32) if isinstance(b, BackendBase) for n in b.notes()]
-    return _Measured(run, backend.describe(), tuple(notes))
+    run = replace(run, inexact=frozenset(inexact(backend)))
+    return _Measured(run, backend.describe(), tuple(oracle_notes(backend, fp32)))
 
 
 def _float64_probes(
@@ -222,7 +231,13 @@ def _in_child(session: Session, names: Sequence[str] | None = None) -> _Measured
     store = TensorStore(None)
     for name, (path, offset, dtype, shape) in done["files"].items():
         store.adopt(name, Path(path), TensorMeta(np.dtype(dtype), tuple(shape)), offset)
-    run = Float64Run(store, done["noise"], done["precision_noise"], done["precision_isolated"])
+    run = Float64Run(
+        store,
+        done["noise"],
+        done["precision_noise"],
+        done["precision_isolated"],
+        frozenset(done["inexact"]),
+    )
     return _Measured(run, done["describe"], tuple(done["notes"]))
 
 

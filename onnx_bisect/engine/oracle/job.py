@@ -38,9 +38,10 @@ def _threads() -> int:
     return max(1, cores // 2)
 
 
-# The oracle the child runs, and its fp32 twin.
-ORACLE = f"torch:cpu?dtype=float64&threads={_threads()}"
-TWIN = f"torch:cpu?threads={_threads()}"
+# The oracle the child runs, and its fp32 twin. ``fallback=1``: a node torch cannot compute is
+# computed alone another way (``backends/torch/stand_in.py``), the rest stays on torch.
+ORACLE = f"torch:cpu?dtype=float64&threads={_threads()}&fallback=1"
+TWIN = f"torch:cpu?threads={_threads()}&fallback=1"
 
 
 def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -69,19 +70,43 @@ def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
             seconds.append(time.perf_counter() - start)
     else:
         files, noise = _chunked(backend, fp32, model, feeds, job["chunks"], out_dir, seconds)
-    notes = [n for b in (backend, fp32) if isinstance(b, BackendBase) for n in b.notes()]
     return {
         "files": files,
         "noise": noise,
         "precision_noise": floors[0],
         "precision_isolated": floors[1],
         "describe": backend.describe(),
-        "notes": notes,
+        "notes": oracle_notes(backend, fp32),
+        "inexact": inexact(backend),
         "seconds": seconds,
     }
 
 
 Placed = dict[str, tuple[str, int, str, list[int]]]
+
+
+def oracle_notes(*backends: Backend) -> list[str]:
+    """The oracle's notes, each once (its fp32 twin computes the same nodes by stand-ins);
+    torch's (the nodes it computed by stand-ins) said to be the oracle's, not the target's."""
+    from onnx_bisect.backends.torch.backend import TorchBackend
+
+    notes = [
+        f"float64 oracle: {n}" if isinstance(b, TorchBackend) else n
+        for b in backends
+        if isinstance(b, BackendBase)
+        for n in b.notes()
+    ]
+    return list(dict.fromkeys(notes))
+
+
+def inexact(backend: Backend) -> list[str]:
+    """The tensors the float64 oracle computed without a float64 value: a node torch could
+    not compute and only ONNX Runtime could, in float32 (``stand_in.StandIn.exact``)."""
+    from onnx_bisect.backends.torch.backend import TorchBackend
+
+    if not isinstance(backend, TorchBackend):
+        return []
+    return [o for s in backend.stand_ins.values() if not s.exact for o in s.outputs]
 
 
 def precision_floors(
@@ -97,7 +122,7 @@ def precision_floors(
     from onnx_bisect.backends.torch.floors import isolated_floors
     from onnx_bisect.backends.torch.numerics import intra_op_threads
 
-    twin = create_backend(f"torch:cpu?round={precision}&threads={_threads()}")
+    twin = create_backend(f"torch:cpu?round={precision}&threads={_threads()}&fallback=1")
     accumulated: dict[str, float] = {}
 
     def take(name: str, value: npt.NDArray[Any]) -> None:

@@ -50,6 +50,12 @@ class Effect:
     def agrees(self) -> bool:
         return not any(c.diverged for c in self.outputs.values())
 
+    @property
+    def shows(self) -> bool:
+        """Some output was compared: a repair of the nodes computing every output would agree
+        by construction, which shows nothing."""
+        return bool(self.outputs)
+
     def worst(self, crit: Criterion) -> Comparison | None:
         return max(self.outputs.values(), key=crit.badness, default=None)
 
@@ -60,7 +66,7 @@ def repaired(session: Session, store: TensorStore, names: Sequence[str]) -> Effe
     loaded = session.loaded
     rest = [n for n in loaded.nodes if n.name not in set(names)]
     outs = _outputs_of(rest, loaded.outputs)
-    if not outs:  # the repaired nodes compute every output: the reference's, by construction
+    if not outs:  # the repaired nodes compute every output: nothing left to show it
         return Effect(tuple(names), {})
     try:
         model, feeds = reference_fed(

@@ -205,12 +205,21 @@ def _check_runs_anything(session: Session, failure: BackendError) -> None:
         hung = _TIMED_OUT.search(_message(probe))
         crash = isinstance(probe, BackendCrash)
         what = f"hangs ({hung.group(0)})" if hung else "crashes" if crash else "fails"
+        # The runtime's words once: where it says the same on both models (a missing module,
+        # a wrong interpreter), repeating its whole stderr would only double the message.
+        same = _said(probe) == _said(failure)
+        said = "" if same else f": {_message(probe)}"
         raise type(failure)(
-            f"{failure} (it also {what} on a one-node Identity model, so no node is to blame: "
-            f"{_message(probe)})",
+            f"{failure} (it also {what} on a one-node Identity model, so no node is to blame"
+            f"{said})",
             role="target",
             detail=failure.detail,
         )
+
+
+def _said(error: BackendError) -> str:
+    """What the runtime said, without our role prefix and the run's temporary paths."""
+    return re.sub(r"/\S*onnx-bisect-\S*", "PATH", _message(error)).strip()
 
 
 def _fails_on_anything(session: Session) -> BackendError | None:

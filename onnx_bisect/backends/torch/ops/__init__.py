@@ -6,6 +6,7 @@ from onnx_bisect.backends.torch.ops import (  # noqa: F401  (registration by imp
     activation,
     attention,
     cast,
+    contrib,
     control,
     elementwise,
     generate,

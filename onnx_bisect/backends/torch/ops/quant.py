@@ -132,7 +132,12 @@ def dynamic_quantize_linear(
     ctx: OpContext, x: Inputs, attrs: dict[str, Any]
 ) -> tuple[torch.Tensor, ...]:
     data = need(x, 0)
-    work = torch.promote_types(data.dtype, torch.float32)
+    # The scale and zero point are float32 arithmetic by the spec (for a float32 input): under
+    # the oracle's float64 policy too, else a tie a float32 runtime rounds one way (a Tanh's
+    # zero point, -min/scale = 127.5 exactly in float64) shifts every integer by a step.
+    declared = ctx.input_type(0)
+    exact = declared == _T.DOUBLE or (not declared and ctx.policy is None)
+    work = torch.promote_types(data.dtype, torch.float32) if exact else torch.float32
     w = data.to(work)
     hi, lo = w.max().clamp(min=0), w.min().clamp(max=0)
     scale = torch.where(hi == lo, 1.0, hi - lo).to(work) / 255

@@ -75,14 +75,25 @@ def dft(ctx: OpContext, x: Inputs, attrs: dict[str, Any]) -> torch.Tensor:
 def stft(ctx: OpContext, x: Inputs, attrs: dict[str, Any]) -> torch.Tensor:
     signal, step = need(x, 0), ints(need(x, 1))[0]
     window, length_t = opt(x, 2), opt(x, 3)
+    if signal.dim() == 2:
+        # [batch, samples]: a real signal without its trailing axis, which ONNX Runtime
+        # accepts and exporters write.
+        signal = signal.unsqueeze(-1)
     if length_t is not None:
         length = ints(length_t)[0]
     elif window is not None:
         length = window.shape[0]
     else:
-        raise ValueError("STFT needs a window or a frame_length")
+        length = signal.shape[1]  # the spec's default: one frame of the whole signal
+    # A frame is the window's length; the spec's reference zero-pads it to ``frame_length``
+    # for the DFT, and counts frames by ``frame_length``.
+    width = window.shape[0] if window is not None else length
+    count = 1 + (signal.shape[1] - length) // step
     z = _complex(signal)  # (batch, samples)
-    frames = z.unfold(1, length, step)  # (batch, frames, length)
+    starts = torch.arange(count, device=z.device) * step
+    taken = starts[:, None] + torch.arange(width, device=z.device)[None, :]
+    inside = taken < z.shape[1]  # the last frame may run past the signal: zeros there
+    frames = z[:, taken.clamp(max=z.shape[1] - 1)] * inside  # (batch, frames, width)
     if window is not None:
         frames = frames * window.to(frames.real.dtype)
     spectrum = torch.fft.fft(frames, n=length, dim=-1)
