@@ -59,6 +59,4 @@ class TorchRefSummary:
             )
         elif self.mapped:
             out.append("every mapped module's output agrees with torch")
-        if self.was_training:
-            out.append("the module was in training mode; it was put in eval mode")
         return out

@@ -24,7 +24,9 @@ from onnx_bisect.report.mermaid import focus_node, mermaid_lines
 from onnx_bisect.report.passes import pass_markdown, workaround_step
 from onnx_bisect.report.quant import quant_markdown
 from onnx_bisect.report.steps import steps_markdown
+from onnx_bisect.report.torchref import torch_markdown
 from onnx_bisect.result import (
+    CauseKind,
     nonfinite_origin,
     nonfinite_phrase,
     precision_phrase,
@@ -56,6 +58,7 @@ def render_markdown(result: BisectResult) -> str:
         lines += ["", "**Root cause, its neighbours and the amplification chain**", "", *diagram]
     lines += _inputs_section(result)
     lines += steps_markdown(result.steps) if result.steps is not None else []
+    lines += torch_markdown(result.torch) if result.torch is not None else []
     lines += next_steps(result)
     if result.pass_bisection is not None:
         lines += pass_markdown(result.pass_bisection)
@@ -194,6 +197,12 @@ def next_steps(result: BisectResult) -> list[str]:
     if pb is not None and pb.workaround:
         steps.append(workaround_step(pb))
     rc = result.root_cause
+    if rc is not None and rc.kind is CauseKind.EXPORT:
+        steps.append(
+            "Fix the export, not the runtime: the exporter's translation of the module named "
+            "above computes something else than torch (a `custom_translation_table` entry, or "
+            "the exporter's own: report that to PyTorch's ONNX exporter)."
+        )
     if rc is not None and rc.workaround:
         steps.append(f"Work around it: {code(target_arg(rc.workaround))} computes at fp32.")
     steps += [f"Work around it: {one_line(n)}." for n in result.notes if "compare at fp32" in n]

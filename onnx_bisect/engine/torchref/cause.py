@@ -22,7 +22,7 @@ from onnx_bisect.graph.extract import window_model
 from onnx_bisect.graph.view import LoadedModel, NodeInfo, TensorMeta
 from onnx_bisect.result import CauseKind, RootCause
 
-__all__ = ["Window", "module_cause", "module_window"]
+__all__ = ["Cause", "Window", "module_cause", "module_window"]
 
 Array = npt.NDArray[Any]
 # The target's values of tensors, by name: a run of the whole model marking them.
@@ -37,6 +37,18 @@ class Window:
     nodes: tuple[str, ...]
     feeds: dict[str, Array]
     from_torch: int  # how many of the feeds are the module's captured inputs
+
+
+@dataclass(frozen=True)
+class Cause:
+    """The root cause, with the comparisons it rests on: torch against float64 (``theirs``),
+    float64 against the target (``mine``, where it came to that), and what it cost."""
+
+    root: RootCause
+    theirs: Comparison
+    mine: Comparison | None
+    target_runs: int  # of the cut nodes (the whole model's, for their feeds, not counted)
+    from_torch: int  # feeds of the window that were the module's captured inputs
 
 
 def module_window(
@@ -96,20 +108,19 @@ def module_cause(
     target: Backend,
     crit: Criterion,
     label: str,
-) -> tuple[RootCause, Comparison, Comparison | None]:
-    """The root cause of ``label``'s divergence (a module's description), with the two
-    comparisons it rests on: torch against float64, float64 against the target."""
+) -> Cause:
+    """The root cause of ``label``'s divergence (a module's description)."""
     f64 = create_backend(ORACLE).run(window.model, window.feeds)[tensor]
     exact = np.asarray(f64, dtype=np.float64)
     theirs = compare_tensors(tensor, np.asarray(torch_output, np.float64), exact, crit)
-    nodes = window.nodes
+    nodes, fed = window.nodes, window.from_torch
     if theirs.diverged:
         reason = (
             f"{label}: its ONNX nodes, fed the module's own inputs, compute something else "
             f"than torch in float64 (rel_l2={theirs.shown('rel_l2')}): the export's "
             "translation of it is wrong"
         )
-        return RootCause(CauseKind.EXPORT, nodes, reason), theirs, None
+        return Cause(RootCause(CauseKind.EXPORT, nodes, reason), theirs, None, 0, fed)
     ran = target.run(window.model, window.feeds)[tensor]
     mine = compare_tensors(tensor, exact, np.asarray(ran, np.float64), crit)
     if mine.diverged:
@@ -118,9 +129,9 @@ def module_cause(
             f"them, fed the same inputs, does not (rel_l2={mine.shown('rel_l2')}): the "
             "target's kernel is off"
         )
-        return RootCause(CauseKind.RUNTIME, nodes, reason), theirs, mine
+        return Cause(RootCause(CauseKind.RUNTIME, nodes, reason), theirs, mine, 1, fed)
     reason = (
         f"{label}: fed the module's own inputs, its ONNX nodes agree with torch in float64 "
         "and on the target; the error comes from its inputs' accumulated error"
     )
-    return RootCause(CauseKind.NONE, nodes, reason), theirs, mine
+    return Cause(RootCause(CauseKind.NONE, nodes, reason), theirs, mine, 1, fed)

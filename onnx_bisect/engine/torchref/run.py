@@ -21,7 +21,7 @@ from onnx_bisect.engine.diagnose import node_sources
 from onnx_bisect.engine.recorded import run_feeds
 from onnx_bisect.engine.session import StageTimer
 from onnx_bisect.engine.torchref.capture import Captured, TorchModel, capture, load_torch_ref
-from onnx_bisect.engine.torchref.cause import module_cause, module_window
+from onnx_bisect.engine.torchref.cause import Cause, module_cause, module_window
 from onnx_bisect.engine.torchref.mapping import (
     Mapped,
     candidates,
@@ -88,7 +88,7 @@ def bisect_torch(
     cause = None
     if first is not None:
         with timer.stage("root cause"):
-            cause = _cause(loaded, paths, first, got, feeds, tgt, crit)
+            cause = _cause(loaded, paths, first, got, (feeds, values), tgt, crit)
     summary = TorchRefSummary(
         source=torch_model.source,
         modules=got.modules,
@@ -138,15 +138,21 @@ def _cause(
     paths: Mapping[str, str],
     first: ModuleRecord,
     got: Captured,
-    feeds: Mapping[str, Array],
+    ran: tuple[Mapping[str, Array], Mapping[str, Array]],
     tgt: Backend,
     crit: Criterion,
-) -> tuple[RootCause, Comparison, Comparison | None]:
+) -> Cause:
     """The first divergent module's ONNX nodes fed its own captured inputs (tensors they read
-    from elsewhere come from one more run of the target)."""
+    from elsewhere are the target's: ``ran`` holds the feeds and the first run's values)."""
+    feeds, values = ran
+    fetched: list[str] = []
 
     def fetch(names: Sequence[str]) -> Mapping[str, Array]:
-        return tgt.run(with_outputs(loaded.model, names), feeds) if names else {}
+        # The first run's values where it marked them; one more run for the rest.
+        rest = [n for n in names if n not in values]
+        fetched.extend(rest)
+        more = tgt.run(with_outputs(loaded.model, rest), feeds) if rest else {}
+        return {**{n: values[n] for n in names if n in values}, **more}
 
     scope = scope_nodes(loaded, paths, first.module)
     window = module_window(
@@ -154,7 +160,8 @@ def _cause(
     )
     cls = f" ({first.class_name})" if first.class_name else ""
     label = f"module {first.module or '(top)'}{cls}"
-    return module_cause(window, first.tensor, got.outputs[first.module], tgt, crit, label)
+    cause = module_cause(window, first.tensor, got.outputs[first.module], tgt, crit, label)
+    return dataclasses.replace(cause, target_runs=cause.target_runs + bool(fetched))
 
 
 def _result(
@@ -164,14 +171,14 @@ def _result(
     target: Any,
     summary: TorchRefSummary,
     outputs: tuple[Comparison, ...],
-    cause: tuple[RootCause, Comparison, Comparison | None] | None,
+    cause: Cause | None,
     feeds: Mapping[str, Array],
     timer: StageTimer,
     opts: BisectOptions,
 ) -> BisectResult:
     import torch
 
-    root = cause[0] if cause is not None else None
+    root = cause.root if cause is not None else None
     nodes = _nodes(summary, root)
     first = next((n for n in nodes if summary.first and n.name == summary.first.node), None)
     named = ((first.name,) if first else ()) + (root.nodes if root else ())
@@ -195,7 +202,7 @@ def _result(
         not_probed=(),
         inputs=feeds,
         timings=timer.finish(),
-        runs={"target": 2 if cause is None else 4},
+        runs={"float64": 1, "target": 1 + cause.target_runs} if cause else {"target": 1},
         notes=_notes(summary, opts, cause),
         versions={**environment(tgt), "torch": torch.__version__},
         command=opts.command,
@@ -240,7 +247,7 @@ def _with_class(src: SourceInfo | None, record: ModuleRecord) -> SourceInfo:
 def _notes(
     summary: TorchRefSummary,
     opts: BisectOptions,
-    cause: tuple[RootCause, Comparison, Comparison | None] | None,
+    cause: Cause | None,
 ) -> tuple[str, ...]:
     notes = []
     if summary.was_training:
@@ -260,11 +267,16 @@ def _notes(
             "shape): skipped"
         )
     if cause is not None:
-        theirs, mine = cause[1], cause[2]
+        theirs, mine = cause.theirs, cause.mine
         said = f"the root cause's nodes in float64 against torch: rel_l2={theirs.shown('rel_l2')}"
         if mine is not None:
             said += f"; the target against float64: rel_l2={mine.shown('rel_l2')}"
         notes.append(said)
+        if not cause.from_torch:
+            notes.append(
+                "none of the module's captured inputs has the shape of a tensor its nodes "
+                "read: they were fed the target's values, so the root cause is less sure"
+            )
     if opts.repro is not None:
         notes.append("no repro bundle in PyTorch-reference mode yet")
     return tuple(notes)
