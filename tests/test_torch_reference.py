@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import onnx_bisect
@@ -24,12 +25,18 @@ GELU_NODES = ["node_Mul_6", "node_Sigmoid_7", "node_gelu"]
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The dynamo exports (seconds each): with the wrong GELU, and clean."""
     d = tmp_path_factory.mktemp("torchref")
     return {
         "wrong": torch_models.export(d / "wrong.onnx", dynamo=True, wrong=True),
         "clean": torch_models.export(d / "clean.onnx", dynamo=True),
-        "script": torch_models.export(d / "script.onnx", dynamo=False),
     }
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The TorchScript export: node names carry the module paths, no metadata."""
+    return torch_models.export(tmp_path_factory.mktemp("script") / "script.onnx", dynamo=False)
 
 
 @pytest.mark.slow
@@ -68,13 +75,10 @@ def test_the_clean_export_agrees_module_by_module(exports: dict[str, Path]) -> N
     assert "12 mapped to ONNX tensors, 1 unmapped (skipped)" in got.output
 
 
-@pytest.mark.slow
-def test_a_wrong_kernel_under_a_torchscript_export_is_a_runtime_fault(
-    exports: dict[str, Path],
-) -> None:
+def test_a_wrong_kernel_under_a_torchscript_export_is_a_runtime_fault(script: Path) -> None:
     model, _ = torch_models.make()
     target = FaultyBackend("/blocks.0/act/Gelu")
-    result = onnx_bisect.bisect(exports["script"], ref=model, target=target)
+    result = onnx_bisect.bisect(script, ref=model, target=target)
     assert result.diverged
     cause = result.root_cause
     assert cause is not None and cause.kind is CauseKind.RUNTIME
@@ -85,3 +89,61 @@ def test_a_wrong_kernel_under_a_torchscript_export_is_a_runtime_fault(
     assert (src.module, src.class_name) == ("blocks.0.act", "GELU")
     assert result.torch is not None and result.torch.first_module == "blocks.0.act"
     assert "module blocks.0.act (GELU)" in result.summary()
+
+
+def test_a_clean_torchscript_export_agrees_and_every_called_module_is_mapped(
+    script: Path,
+) -> None:
+    model, _ = torch_models.make()
+    result = onnx_bisect.bisect(script, ref=model, target="cpu")
+    assert not result.diverged and result.root_cause is None
+    summary = result.torch
+    assert summary is not None and summary.first_module is None
+    # The ModuleList is never called: no output, so nothing to map.
+    assert summary.unmapped == ("blocks",)
+    assert [r.module for r in summary.mapped][:4] == [
+        "embed",
+        "blocks.0.norm",
+        "blocks.0.fc",
+        "blocks.0.act",
+    ]
+    act = summary.mapped[3]
+    assert (act.node, act.tensor, act.class_name) == (
+        "/blocks.0/act/Gelu",
+        "/blocks.0/act/Gelu_output_0",
+        "GELU",
+    )
+    # Block's output is the residual Add, the last tensor of its scope.
+    block = next(r for r in summary.mapped if r.module == "blocks.0")
+    assert block.node == "/blocks.0/Add"
+    assert "was in training mode; it was put in eval mode" in " ".join(result.notes)
+
+
+def test_inputs_go_by_position_where_the_onnx_names_are_not_forwards(tmp_path: Path) -> None:
+    model, example = torch_models.make()
+    path = tmp_path / "unnamed.onnx"
+    torch.onnx.export(model.eval(), example, str(path), dynamo=False, input_names=["input.1"])
+    result = onnx_bisect.bisect(path, ref=model, target=FaultyBackend("/blocks.1/act/Gelu"))
+    assert result.root_cause is not None and result.root_cause.kind is CauseKind.RUNTIME
+    assert result.root_cause.nodes == ("/blocks.1/act/Gelu",)
+    assert result.torch is not None and result.torch.first_module == "blocks.1.act"
+
+
+@pytest.mark.parametrize(
+    ("ref", "said"),
+    [
+        ("pytorch:nowhere.py:make", "error: ref pytorch:nowhere.py:make: no such file nowhere.py"),
+        (
+            f"pytorch:{MODELS}:nothing",
+            f"error: ref pytorch:{MODELS}:nothing: {MODELS} has no nothing",
+        ),
+        (
+            f"pytorch:{MODELS}:act_line",
+            "error: ref: torch_models.py:act_line gave int, not an nn.Module",
+        ),
+    ],
+)
+def test_a_bad_factory_is_a_one_line_usage_error(script: Path, ref: str, said: str) -> None:
+    got = runner.invoke(bisect_app, [str(script), "--ref", ref, "--target", "cpu"])
+    assert got.exit_code == 2, got.output
+    assert said in " ".join(got.output.split())

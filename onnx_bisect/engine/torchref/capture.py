@@ -70,15 +70,17 @@ def load_torch_ref(ref: object) -> TorchModel:
     if isinstance(ref, str):
         path, _, name = ref.removeprefix(PREFIX).rpartition(":")
         if not path or not name:
-            raise InputError(f"--ref {ref}: expected pytorch:FILE.py:FACTORY", option="ref")
+            raise InputError(f"ref {ref}: expected pytorch:FILE.py:FACTORY", option="ref")
         made = getattr(_import_file(Path(path), ref), name, None)
         if made is None:
-            raise InputError(f"--ref {ref}: {path} has no {name}", option="ref")
+            raise InputError(f"ref {ref}: {path} has no {name}", option="ref")
         made = made()
         source = f"{Path(path).name}:{name}"
     module = made[0] if isinstance(made, tuple | list) else made
     if not isinstance(module, torch.nn.Module):
-        raise InputError(f"--ref: {source} gave {type(module).__name__}, not an nn.Module")
+        raise InputError(
+            f"ref: {source} gave {type(module).__name__}, not an nn.Module", option="ref"
+        )
     was_training = bool(module.training)
     module.eval()
     return TorchModel(module, source, was_training)
@@ -86,10 +88,10 @@ def load_torch_ref(ref: object) -> TorchModel:
 
 def _import_file(path: Path, ref: str) -> Any:
     if not path.is_file():
-        raise InputError(f"--ref {ref}: no such file {path}", option="ref")
+        raise InputError(f"ref {ref}: no such file {path}", option="ref")
     spec = importlib.util.spec_from_file_location(f"onnx_bisect_ref_{path.stem}", path)
     if spec is None or spec.loader is None:
-        raise InputError(f"--ref {ref}: cannot import {path}", option="ref")
+        raise InputError(f"ref {ref}: cannot import {path}", option="ref")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

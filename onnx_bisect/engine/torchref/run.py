@@ -29,6 +29,7 @@ from onnx_bisect.engine.torchref.mapping import (
     module_paths,
     scope_nodes,
 )
+from onnx_bisect.errors import InputError
 from onnx_bisect.graph.extract import with_outputs
 from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.source import SourceInfo
@@ -56,6 +57,10 @@ def bisect_torch(
 ) -> BisectResult:
     """The ONNX model on ``target`` against the PyTorch module ``ref`` (an ``nn.Module`` or
     ``pytorch:FILE.py:FACTORY``), module by module."""
+    other = [f"--{k}" for k in ("dataset", "steps", "target_model") if getattr(opts, k)]
+    if other:
+        flags = ", ".join(o.replace("_", "-") for o in other)
+        raise InputError(f"ref pytorch: cannot be combined with {flags} yet", option="ref")
     with timer.stage("load"):
         loaded = load_model(model)
         tgt = target if not isinstance(target, str | BackendSpec) else _backend(target)
