@@ -147,3 +147,22 @@ def test_a_bad_factory_is_a_one_line_usage_error(script: Path, ref: str, said: s
     got = runner.invoke(bisect_app, [str(script), "--ref", ref, "--target", "cpu"])
     assert got.exit_code == 2, got.output
     assert said in " ".join(got.output.split())
+
+
+def test_a_model_exported_in_training_mode_is_said_so(tmp_path: Path) -> None:
+    path = torch_models.export_training(tmp_path / "train.onnx")
+    result = onnx_bisect.bisect(path, ref=f"pytorch:{MODELS}:make_bn", target="cpu")
+    cause = result.root_cause
+    assert cause is not None and cause.kind is CauseKind.EXPORT
+    assert cause.nodes == ("/1/BatchNormalization",)
+    assert cause.reason.endswith(
+        "it was exported in training mode (BatchNormalization /1/BatchNormalization has "
+        "training_mode=1): export the model after model.eval()"
+    )
+    assert result.notes[0] == (
+        "the ONNX model was exported in training mode: BatchNormalization "
+        "/1/BatchNormalization has training_mode=1; torch ran in eval mode"
+    )
+    # make_bn's module is in training mode as built: put in eval mode, and said so.
+    assert result.torch is not None and result.torch.was_training
+    assert result.torch.first_module == "1"

@@ -72,3 +72,27 @@ def export(path: Path, *, dynamo: bool, wrong: bool = False) -> Path:
         else:
             torch.onnx.export(model, example, str(path), dynamo=False, input_names=["x"])
     return path
+
+
+def make_bn() -> nn.Module:
+    """A Linear, BatchNorm1d, ReLU, Linear stack whose running statistics differ from a
+    batch's: exported in training mode, its BatchNormalization uses the batch's."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 4))
+    bn = m[1]
+    assert isinstance(bn, nn.BatchNorm1d)
+    with torch.no_grad():
+        bn.running_mean.fill_(0.3)
+        bn.running_var.fill_(2.0)
+    return m
+
+
+def export_training(path: Path) -> Path:
+    """``make_bn()`` exported by the TorchScript exporter in training mode."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            make_bn().train(), (torch.randn(4, 8),), str(path), dynamo=False,
+            training=torch.onnx.TrainingMode.TRAINING, input_names=["x"],
+        )  # fmt: skip
+    return path

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import onnx
+from onnx import numpy_helper
 
 from onnx_bisect.backends.protocol import Backend
 from onnx_bisect.backends.registry import create_backend
@@ -22,7 +23,7 @@ from onnx_bisect.graph.extract import window_model
 from onnx_bisect.graph.view import LoadedModel, NodeInfo, TensorMeta
 from onnx_bisect.result import CauseKind, RootCause
 
-__all__ = ["Cause", "Window", "module_cause", "module_window"]
+__all__ = ["Cause", "Window", "module_cause", "module_window", "training_ops"]
 
 Array = npt.NDArray[Any]
 # The target's values of tensors, by name: a run of the whole model marking them.
@@ -37,6 +38,7 @@ class Window:
     nodes: tuple[str, ...]
     feeds: dict[str, Array]
     from_torch: int  # how many of the feeds are the module's captured inputs
+    training: tuple[str, ...] = ()  # its nodes that compute as in training (``training_ops``)
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,8 @@ def module_window(
     model, feed_map, _ = window_model(loaded, nodes, meta, outputs=[tensor])
     feeds = {new: values[old] for new, old in feed_map.items()}
     feeds.update({t: values[t] for t in outside if t in graph_feeds})
-    return Window(model, tuple(n.name for n in nodes), feeds, taken)
+    names = [n.name for n in nodes]
+    return Window(model, tuple(names), feeds, taken, tuple(training_ops(loaded, names)))
 
 
 def _as(value: Array, loaded: LoadedModel, tensor: str) -> Array:
@@ -101,6 +104,36 @@ def _slice(scope: Sequence[NodeInfo], tensor: str) -> list[NodeInfo]:
     return [n for n in scope if n.name in wanted]
 
 
+def training_ops(loaded: LoadedModel, names: Sequence[str] | None = None) -> list[str]:
+    """Nodes (of ``names``, else all) that compute as in training: a BatchNormalization with
+    ``training_mode=1`` (batch statistics), a Dropout whose ``training_mode`` is a constant
+    true: the model was exported in training mode."""
+    protos, wanted = loaded.node_protos, set(names) if names is not None else None
+    found = []
+    for n in loaded.nodes:
+        if wanted is not None and n.name not in wanted:
+            continue
+        attrs = {a.name: a for a in protos[n.name].attribute}
+        if n.op_type == "BatchNormalization" and "training_mode" in attrs:
+            if attrs["training_mode"].i:
+                found.append(f"{n.op_type} {n.name} has training_mode=1")
+        elif n.op_type == "Dropout" and len(n.inputs) > 2 and _constant_true(loaded, n.inputs[2]):
+            found.append(f"{n.op_type} {n.name} has training_mode=true")
+    return found
+
+
+def _constant_true(loaded: LoadedModel, tensor: str) -> bool:
+    inits = {t.name: t for t in loaded.model.graph.initializer}
+    value = None
+    if tensor in inits:
+        value = numpy_helper.to_array(inits[tensor])
+    elif (node := loaded.producer.get(tensor)) is not None and node.op_type == "Constant":
+        attrs = {a.name: a for a in loaded.node_protos[node.name].attribute}
+        if "value" in attrs:
+            value = numpy_helper.to_array(attrs["value"].t)
+    return value is not None and bool(np.all(value))
+
+
 def module_cause(
     window: Window,
     tensor: str,
@@ -120,6 +153,11 @@ def module_cause(
             f"than torch in float64 (rel_l2={theirs.shown('rel_l2')}): the export's "
             "translation of it is wrong"
         )
+        if window.training:
+            reason += (
+                f"; it was exported in training mode ({'; '.join(window.training)}): "
+                "export the model after model.eval()"
+            )
         return Cause(RootCause(CauseKind.EXPORT, nodes, reason), theirs, None, 0, fed)
     ran = target.run(window.model, window.feeds)[tensor]
     mine = compare_tensors(tensor, exact, np.asarray(ran, np.float64), crit)

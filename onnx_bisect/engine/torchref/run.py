@@ -20,8 +20,8 @@ from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.engine.diagnose import node_sources
 from onnx_bisect.engine.recorded import run_feeds
 from onnx_bisect.engine.session import StageTimer
-from onnx_bisect.engine.torchref.capture import Captured, TorchModel, capture, load_torch_ref
-from onnx_bisect.engine.torchref.cause import Cause, module_cause, module_window
+from onnx_bisect.engine.torchref.capture import Captured, capture, load_torch_ref
+from onnx_bisect.engine.torchref.cause import Cause, module_cause, module_window, training_ops
 from onnx_bisect.engine.torchref.mapping import (
     Mapped,
     candidates,
@@ -102,7 +102,8 @@ def bisect_torch(
         first_module=first.module if first is not None else None,
         was_training=torch_model.was_training,
     )
-    return _result(loaded, torch_model, tgt, target, summary, outputs, cause, feeds, timer, opts)
+    notes = _notes(summary, opts, cause, training_ops(loaded))
+    return _result(loaded, tgt, target, summary, outputs, cause, feeds, timer, opts, notes)
 
 
 def _backend(target: str | BackendSpec) -> Backend:
@@ -171,7 +172,6 @@ def _cause(
 
 def _result(
     loaded: LoadedModel,
-    torch_model: TorchModel,
     tgt: Backend,
     target: Any,
     summary: TorchRefSummary,
@@ -180,6 +180,7 @@ def _result(
     feeds: Mapping[str, Array],
     timer: StageTimer,
     opts: BisectOptions,
+    notes: tuple[str, ...],
 ) -> BisectResult:
     import torch
 
@@ -208,7 +209,7 @@ def _result(
         inputs=feeds,
         timings=timer.finish(),
         runs={"float64": 1, "target": 1 + cause.target_runs} if cause else {"target": 1},
-        notes=_notes(summary, opts, cause),
+        notes=notes,
         versions={**environment(tgt), "torch": torch.__version__},
         command=opts.command,
         sources=sources,
@@ -253,8 +254,15 @@ def _notes(
     summary: TorchRefSummary,
     opts: BisectOptions,
     cause: Cause | None,
+    training: Sequence[str],
 ) -> tuple[str, ...]:
     notes = []
+    if training:
+        more = f" (+{len(training) - 3} more)" if len(training) > 3 else ""
+        notes.append(
+            f"the ONNX model was exported in training mode: {'; '.join(training[:3])}{more}; "
+            "torch ran in eval mode"
+        )
     if summary.was_training:
         notes.append(
             f"{summary.source} was in training mode; it was put in eval mode (dropout off, "
