@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 import onnx_bisect
 from onnx_bisect.cli import bisect_app
+from onnx_bisect.errors import InputError
 from onnx_bisect.result import CauseKind
 from tests import torch_models
 from tests.faulty import FaultyBackend
@@ -166,3 +167,11 @@ def test_a_model_exported_in_training_mode_is_said_so(tmp_path: Path) -> None:
     # make_bn's module is in training mode as built: put in eval mode, and said so.
     assert result.torch is not None and result.torch.was_training
     assert result.torch.first_module == "1"
+
+
+def test_what_the_mode_does_not_take_yet_is_refused(script: Path) -> None:
+    model, _ = torch_models.make()
+    with pytest.raises(InputError, match=r"^target cpu\+fp16: \+transforms are not taken"):
+        onnx_bisect.bisect(script, ref=model, target="cpu+fp16")
+    with pytest.raises(InputError, match=r"^ref pytorch: cannot be combined with --steps yet$"):
+        onnx_bisect.bisect(script, ref=model, target="cpu", steps=2)

@@ -257,7 +257,15 @@ ModelArg = Annotated[
 TargetOpt = Annotated[
     str, typer.Option("--target", "-t", metavar="SPEC", help="Backend under test (spec).")
 ]
-RefOpt = Annotated[str, typer.Option("--ref", "-r", metavar="SPEC", help="Trusted backend (spec).")]
+RefOpt = Annotated[
+    str,
+    typer.Option(
+        "--ref",
+        "-r",
+        metavar="SPEC",
+        help="Trusted backend (spec), or pytorch:FILE.py:FACTORY: the PyTorch module itself.",
+    ),
+]
 TargetModelOpt = Annotated[
     Path | None,
     typer.Option(

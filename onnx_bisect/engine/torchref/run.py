@@ -107,7 +107,12 @@ def bisect_torch(
 
 
 def _backend(target: str | BackendSpec) -> Backend:
-    spec = (parse_spec(target) if isinstance(target, str) else target).without_transforms()
+    spec = parse_spec(target) if isinstance(target, str) else target
+    if spec.transforms:
+        raise InputError(
+            f"target {spec.text}: +transforms are not taken with a PyTorch reference yet",
+            option="target",
+        )
     return create_backend(spec)
 
 
