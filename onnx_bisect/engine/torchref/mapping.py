@@ -14,7 +14,7 @@ import numpy.typing as npt
 from onnx_bisect.graph.source import node_source
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
 
-__all__ = ["Mapped", "candidates", "map_modules", "module_paths", "scope_nodes"]
+__all__ = ["Mapped", "candidates", "map_modules", "module_paths", "scope_nodes", "scopes"]
 
 # How many of a scope's last tensors are probed for one with the torch output's shape: the
 # last is nearly always it; a trailing Reshape or Cast in the scope may push it back.
@@ -39,22 +39,34 @@ def module_paths(loaded: LoadedModel) -> dict[str, str]:
     return found
 
 
-def _under(path: str, module: str) -> bool:
-    return path == module or path.startswith(module + ".")
+def scopes(loaded: LoadedModel, paths: Mapping[str, str]) -> dict[str, list[NodeInfo]]:
+    """Per module path, the nodes whose module path is it or under it, in topological order:
+    each node listed under every prefix of its path (one pass, not one per module)."""
+    out: dict[str, list[NodeInfo]] = {}
+    for n in loaded.nodes:
+        path = paths.get(n.name)
+        if path is None:
+            continue
+        parts = path.split(".") if path else []
+        for k in range(len(parts) + 1):
+            out.setdefault(".".join(parts[:k]), []).append(n)
+    return out
 
 
 def scope_nodes(loaded: LoadedModel, paths: Mapping[str, str], module: str) -> list[NodeInfo]:
     """The nodes whose module path is ``module`` or under it, in topological order."""
-    return [n for n in loaded.nodes if n.name in paths and _under(paths[n.name], module)]
+    return scopes(loaded, paths).get(module, [])
 
 
 def candidates(
     loaded: LoadedModel, paths: Mapping[str, str], modules: Sequence[str]
 ) -> dict[str, list[str]]:
     """Per module, its scope's last tensors, last first: those to mark on the target."""
+    by_scope = scopes(loaded, paths)
     out: dict[str, list[str]] = {}
     for m in modules:
-        tensors = [t for n in reversed(scope_nodes(loaded, paths, m)) for t in n.outputs if t]
+        nodes = by_scope.get(m, [])
+        tensors = [t for n in reversed(nodes[-CANDIDATES:]) for t in n.outputs if t]
         if tensors:
             out[m] = tensors[:CANDIDATES]
     return out
