@@ -192,7 +192,7 @@ RefOpt = Annotated[
         "--ref",
         "-r",
         metavar="SPEC",
-        help="The trusted backend (a spec, as --target).",
+        help="The trusted backend (a spec, as --target), or pytorch:FILE.py:FACTORY.",
         rich_help_panel=COMPARE,
     ),
 ]
