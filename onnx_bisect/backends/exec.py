@@ -36,7 +36,7 @@ from onnx_bisect.process import run_child
 
 __all__ = [
     "CAPABILITY_PREFIX", "DECLARABLE", "DISABLE", "NOTE_PREFIX", "ExecBackend", "ExecPasses",
-    "PLACEHOLDERS",
+    "PLACEHOLDERS", "exited",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ _STDERR_TAIL = 5
 
 
 class ExecBackend(BackendBase):
-    capabilities = Capabilities(child_process=True)
+    capabilities = Capabilities(child_process=True, process_per_run=True)
     # How the model is written for the command: for any program, weights beside it.
     save = staticmethod(save_model)
 
@@ -104,14 +104,7 @@ class ExecBackend(BackendBase):
             self._declared(_text(proc.stderr))
             stderr = _undeclared(proc.stderr)
             if proc.returncode != 0:
-                status = _status(proc.returncode)
-                # Killed by a signal (segfault, abort) is a crash, not an error it reported.
-                error = BackendCrash if proc.returncode < 0 else BackendError
-                said = _text(stderr) or "(no stderr)"
-                raise error(
-                    f"{self.spec.text}: exited with {status}: {_tail(stderr)}",
-                    detail=f"{self.spec.text}: exited with {status}:\n{said}",
-                )
+                raise exited(self.spec.text, proc.returncode, stderr)
             out_path = Path(paths["{outputs}"])
             if not out_path.exists():
                 raise BackendError(
@@ -200,8 +193,16 @@ def _undeclared(raw: bytes) -> bytes:
     return b"\n".join(ln for ln in raw.splitlines() if not ln.startswith(prefix))
 
 
-def _status(code: int) -> str:
-    return f"signal {-code}" if code < 0 else f"code {code}"
+def exited(spec: str, code: int, stderr: bytes) -> BackendError:
+    """The error of a child that exited with ``code`` (negative: killed by that signal, which
+    is a crash, not an error it reported), with the last of what it said."""
+    status = f"signal {-code}" if code < 0 else f"code {code}"
+    error = BackendCrash if code < 0 else BackendError
+    said = _text(stderr) or "(no stderr)"
+    return error(
+        f"{spec}: exited with {status}: {_tail(stderr)}",
+        detail=f"{spec}: exited with {status}:\n{said}",
+    )
 
 
 def _tail(raw: bytes) -> str:

@@ -401,8 +401,10 @@ IsolateCrashesOpt = Annotated[
     typer.Option(
         "--isolate-crashes/--no-isolate-crashes",
         metavar="",
-        help="Run target steps in a child process so a crash is caught and localized "
-        "(always on for exec: targets).",
+        help="Run the target in a fresh child process per run (default: each runtime in a "
+        "long-lived worker process, fresh ones after a crash; a crash is caught and localized "
+        "either way). --no-isolate-crashes: every runtime in this process, where a crash ends "
+        "the tool.",
         show_default=False,
     ),
 ]

@@ -91,8 +91,11 @@ def prepare(
         loaded = load_model(model)
         _check_topk_outputs(topk, loaded)
         ref_spec, tgt_spec = _spec(ref), _spec(target)
-        ref_b = _backend(ref, in_child=False, timeout=None)
-        tgt_b = _backend(target, in_child=bool(options.isolate_crashes), timeout=options.timeout)
+        # A crash of either side ends a child, not the tool: the reference in a long-lived
+        # worker (a fresh child per run is the target's alone: only its crashes are searched).
+        ref_in_child = None if options.isolate_crashes is not False else False
+        ref_b = _backend(ref, in_child=ref_in_child, timeout=None)
+        tgt_b = _backend(target, in_child=options.isolate_crashes, timeout=options.timeout)
         feeds = run_feeds(
             loaded.model,
             (ref_b, tgt_b),
@@ -338,7 +341,9 @@ def to_result(
     )
 
 
-def _backend(b: BackendLike, *, in_child: bool, timeout: float | None) -> Backend:
+def _backend(b: BackendLike, *, in_child: bool | None, timeout: float | None) -> Backend:
+    """``b`` built (``create_backend``'s ``in_child``); a backend object as given: None
+    leaves it in this process, where it was made."""
     if not isinstance(b, str | BackendSpec):
         if in_child:
             raise InputError(

@@ -156,9 +156,9 @@ def _run_batches(
 
 
 def _workers(session: Session) -> int:
-    """Isolation runs at once: two where each run is a child process and runs may overlap
-    (``parallel``) on more than one core, else one."""
-    if not (session.options.parallel and session.target.capabilities.child_process):
+    """Isolation runs at once: two where each run starts a process of its own and runs may
+    overlap (``parallel``) on more than one core, else one."""
+    if not (session.options.parallel and session.target.capabilities.process_per_run):
         return 1
     return min(ISOLATION_WORKERS, _cores())
 
