@@ -61,11 +61,12 @@ def bisect(
     - ``parallel``: run the reference and the target concurrently where both are needed.
     - ``always_scan``: scan and isolate even when the final outputs agree (the verdict still
       follows the outputs).
-    - ``isolate_crashes``: where the runtimes named by spec run. None (default): each in a
+    - ``isolate_crashes``: where a target named by spec runs. None (default): in a
       long-lived worker process, so that a segfault, abort or panic ends the worker, not the
-      caller, and a target's crash is bisected to its node (its runs after a crash each in a
-      fresh process). True: the target in a fresh child process per run from the start.
-      False: both in this process (a crash ends it). ``exec:`` is a child per run always;
+      caller, and the crash is bisected to its node (its runs after a crash each in a fresh
+      process); the reference in this process. True: the target in a fresh child process
+      per run from the start, the reference in a worker. False: both in this process (a
+      crash ends it). ``exec:`` is a child per run always;
       a backend object stays in this process. ``timeout`` (seconds per target run) turns a
       hang into a crash.
     - ``target_model``: run a different model on the target (an optimized copy, say), matching

@@ -102,8 +102,11 @@ def test_an_error_the_runtime_reports_keeps_the_worker() -> None:
 
 
 def test_a_crashing_reference_is_an_error_not_a_dead_tool(model: Path, tmp_path: Path) -> None:
+    """With --isolate-crashes the reference runs in a worker too (by default it runs in the
+    tool's process: see docs/architecture.md, "A runtime's crash never ends the diagnosis")."""
     spec = crashing("segv")
-    argv = [str(model), "--ref", spec, "--target", "cpu", "-o", str(tmp_path / "r")]
+    argv = [str(model), "--ref", spec, "--target", "cpu", "--isolate-crashes"]
+    argv += ["-o", str(tmp_path / "r")]
     res = runner.invoke(bisect_app, argv)
     assert res.exit_code == 2, res.output
     assert res.output.strip() == (

@@ -401,10 +401,10 @@ IsolateCrashesOpt = Annotated[
     typer.Option(
         "--isolate-crashes/--no-isolate-crashes",
         metavar="",
-        help="Run the target in a fresh child process per run (default: each runtime in a "
-        "long-lived worker process, fresh ones after a crash; a crash is caught and localized "
-        "either way). --no-isolate-crashes: every runtime in this process, where a crash ends "
-        "the tool.",
+        help="Run the target in a fresh child process per run and the reference in a worker "
+        "(default: the target in a long-lived worker process, fresh ones after a crash; a "
+        "crash is caught and localized either way). --no-isolate-crashes: the target in this "
+        "process, where a crash ends the tool.",
         show_default=False,
     ),
 ]
