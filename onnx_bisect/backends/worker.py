@@ -224,6 +224,7 @@ class _Worker:
         feeds: Mapping[str, npt.NDArray[Any]],
         timeout: float | None,
     ) -> Answer:
+        start = time.perf_counter()
         wanted = {i.name for i in model.graph.input}
         job = {
             "model": str(save_for_child(model, self.dir)),
@@ -233,7 +234,9 @@ class _Worker:
         save_npz(Path(job["inputs"]), {k: v for k, v in feeds.items() if k in wanted})
         Path(job["outputs"]).unlink(missing_ok=True)
         os.truncate(self.log, 0)
+        asked = time.perf_counter()
         answer = self._ask(spec, job, timeout)
+        answered = time.perf_counter()
         notes, facts = answer.get("notes", {}), frozenset(answer.get("facts", ()))
         if "error" in answer:
             kind = _ERRORS.get(answer["error"], BackendError)
@@ -244,6 +247,10 @@ class _Worker:
             out = read_npz(Path(job["outputs"]), {o.name for o in model.graph.output}, what=spec)
         except InputError as exc:
             raise BackendError(str(exc)) from None
+        log.debug(
+            "worker %d: written in %.3f s, answered in %.3f s, read in %.3f s",
+            self.proc.pid, asked - start, answered - asked, time.perf_counter() - answered,
+        )  # fmt: skip
         return out, notes, facts
 
     def _ask(self, spec: str, job: Mapping[str, str], timeout: float | None) -> dict[str, Any]:
