@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -101,7 +101,7 @@ class WorkerBackend(BackendBase):
     def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
         worker = self._take()
         try:
-            out, notes, facts = worker.run(self.spec.text, model, feeds, self.timeout)
+            out = worker.run(self.spec.text, model, feeds, self.timeout, self._note)
         except BackendCrash:
             self._drop(worker)
             self._crashed()
@@ -112,8 +112,6 @@ class WorkerBackend(BackendBase):
         except BaseException:  # an answer that did not come (Ctrl-C): the child is in doubt
             self._drop(worker)
             raise
-        for text, count in notes.items():
-            self._note(text, count, once=text in facts)
         self._done(worker)
         return out
 
@@ -203,9 +201,6 @@ def _stop_all(live: set[_Worker]) -> None:
         worker.stop()
 
 
-Answer = tuple[Tensors, dict[str, int], frozenset[str]]
-
-
 class _Worker:
     """One child process and its folder."""
 
@@ -223,7 +218,10 @@ class _Worker:
         model: onnx.ModelProto,
         feeds: Mapping[str, npt.NDArray[Any]],
         timeout: float | None,
-    ) -> Answer:
+        note: Callable[..., None],
+    ) -> Tensors:
+        """``model`` run by the child; what the runtime noted meanwhile, failed or not (a
+        compile that failed is counted too), goes to ``note`` (``BackendBase._note``)."""
         start = time.perf_counter()
         wanted = {i.name for i in model.graph.input}
         job = {
@@ -237,7 +235,9 @@ class _Worker:
         asked = time.perf_counter()
         answer = self._ask(spec, job, timeout)
         answered = time.perf_counter()
-        notes, facts = answer.get("notes", {}), frozenset(answer.get("facts", ()))
+        facts = frozenset(answer.get("facts", ()))
+        for text, count in answer.get("notes", {}).items():
+            note(text, count, once=text in facts)
         if "error" in answer:
             kind = _ERRORS.get(answer["error"], BackendError)
             if issubclass(kind, BackendError):
@@ -251,7 +251,7 @@ class _Worker:
             "worker %d: written in %.3f s, answered in %.3f s, read in %.3f s",
             self.proc.pid, asked - start, answered - asked, time.perf_counter() - answered,
         )  # fmt: skip
-        return out, notes, facts
+        return out
 
     def _ask(self, spec: str, job: Mapping[str, str], timeout: float | None) -> dict[str, Any]:
         assert self.proc.stdin is not None
