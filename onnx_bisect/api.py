@@ -68,9 +68,14 @@ def bisect(
     - ``parallel``: run the reference and the target concurrently where both are needed.
     - ``always_scan``: scan and isolate even when the final outputs agree (the verdict still
       follows the outputs).
-    - ``isolate_crashes``: run every target step in a child process (always so for ``exec:``),
-      so a segfault or abort is caught and bisected to its node; ``timeout`` (seconds per
-      target run) turns a hang into a crash.
+    - ``isolate_crashes``: where a target named by spec runs. None (default): in a
+      long-lived worker process, so that a segfault, abort or panic ends the worker, not the
+      caller, and the crash is bisected to its node (its runs after a crash each in a fresh
+      process); the reference in this process. True: the target in a fresh child process
+      per run from the start, the reference in a worker. False: both in this process (a
+      crash ends it). ``exec:`` is a child per run always;
+      a backend object stays in this process. ``timeout`` (seconds per target run) turns a
+      hang into a crash.
     - ``target_model``: run a different model on the target (an optimized copy, say), matching
       tensors by name and leaving out names whose meaning changed.
     - ``topk``: task-level checks on the final outputs (``"5:logits"``), reported only.
