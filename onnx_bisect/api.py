@@ -7,7 +7,7 @@ import functools
 from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from onnx_bisect.engine.control_flow import with_control_flow_inlined
 from onnx_bisect.engine.dataset.job import dataset_job, measure_input, screen_input
@@ -27,11 +27,16 @@ from onnx_bisect.engine.passes.bisection import bisect_passes
 from onnx_bisect.engine.progress import NoProgress, Progress
 from onnx_bisect.engine.session import Session, Setup, StageTimer, scratch_dir
 from onnx_bisect.engine.steps.loop import one_step, run_steps
+from onnx_bisect.engine.torchref.capture import is_torch_ref
+from onnx_bisect.engine.torchref.run import bisect_torch
 from onnx_bisect.errors import InputError
 from onnx_bisect.options import DEFAULT_SAMPLE, BisectOptions, ModelLike
 from onnx_bisect.report.files import write_bundle_docs
 from onnx_bisect.repro.bundle import BundleJob, write_repro
 from onnx_bisect.result import BisectResult, CauseKind, ReproInfo
+
+if TYPE_CHECKING:
+    from torch.nn import Module
 
 __all__ = ["BackendLike", "bisect"]
 
@@ -40,7 +45,7 @@ def bisect(
     model: ModelLike,
     *,
     target: BackendLike,
-    ref: BackendLike = "cpu",
+    ref: BackendLike | Module = "cpu",
     options: BisectOptions | None = None,
     progress: Progress | None = None,
     **overrides: Any,
@@ -63,9 +68,14 @@ def bisect(
     - ``parallel``: run the reference and the target concurrently where both are needed.
     - ``always_scan``: scan and isolate even when the final outputs agree (the verdict still
       follows the outputs).
-    - ``isolate_crashes``: run every target step in a child process (always so for ``exec:``),
-      so a segfault or abort is caught and bisected to its node; ``timeout`` (seconds per
-      target run) turns a hang into a crash.
+    - ``isolate_crashes``: where a target named by spec runs. None (default): in a
+      long-lived worker process, so that a segfault, abort or panic ends the worker, not the
+      caller, and the crash is bisected to its node (its runs after a crash each in a fresh
+      process); the reference in this process. True: the target in a fresh child process
+      per run from the start, the reference in a worker. False: both in this process (a
+      crash ends it). ``exec:`` is a child per run always;
+      a backend object stays in this process. ``timeout`` (seconds per target run) turns a
+      hang into a crash.
     - ``target_model``: run a different model on the target (an optimized copy, say), matching
       tensors by name and leaving out names whose meaning changed.
     - ``topk``: task-level checks on the final outputs (``"5:logits"``), reported only.
@@ -88,6 +98,14 @@ def bisect(
       ``jobs`` runs the per-input work in that many local processes, ``ray`` as Ray tasks
       (a cluster address, or ``"local"``).
 
+    ``ref`` may be PyTorch: an ``nn.Module`` or ``"pytorch:FILE.py:FACTORY"`` (``FACTORY()``
+    returns a module or ``(module, example_inputs)``). The module runs in eval mode on the same
+    inputs with a hook on every submodule; each module's output is compared with the ONNX
+    tensor that stands for it (``graph.source``'s module paths) on the target, and the first
+    divergent module's nodes are fed its own inputs in float64: kind ``export`` (the
+    translation is wrong) or ``runtime`` (the target's kernel); ``result.torch`` holds the
+    modules.
+
     ``progress`` hears each phase start and end and each backend run as it happens (the CLI
     shows it on a terminal); every phase is logged at INFO with its time and runs either way.
 
@@ -96,6 +114,9 @@ def bisect(
     """
     opts = _options(options, overrides)  # bad values fail here, before any work
     timer = StageTimer(progress=progress or NoProgress())
+    if is_torch_ref(ref):
+        return bisect_torch(model, ref, target, opts, timer)
+    ref = cast(BackendLike, ref)
     if opts.dataset is not None:
         return _bisect_dataset(model, ref, target, opts, timer)
     if opts.steps is not None:

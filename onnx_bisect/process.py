@@ -13,7 +13,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Any
 
 __all__ = [
     "ERROR_FILE_VARIABLE",
@@ -22,6 +23,8 @@ __all__ = [
     "return_large_frees",
     "run_child",
     "signal_handlers",
+    "start_server",
+    "stop_child",
 ]
 
 # How long a child has to clean up after Ctrl-C (a repro.py kills its own target's process
@@ -114,6 +117,41 @@ def run_child(
 
 
 _PR_SET_PDEATHSIG = 1
+# Long-lived children are started from this one thread: Linux's parent-death signal fires when
+# the thread that started a child exits, and a run may ask for a child from a pool's thread
+# (isolation's, the screen's pair) that ends long before the child should.
+_STARTER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnx-bisect-starter")
+
+
+def start_server(
+    argv: Sequence[str], *, env: Mapping[str, str] | None = None, stderr: IO[bytes]
+) -> subprocess.Popen[bytes]:
+    """Start ``argv``, a child that serves requests on its stdin and answers on its stdout, in
+    a process group of its own that dies with us (see ``_dies_with_parent``); its stderr goes
+    to ``stderr``. ``stop_child`` ends it with whatever it started."""
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=dict(env) if env is not None else None,
+            start_new_session=os.name == "posix",
+            preexec_fn=_dies_with_parent(),
+        )
+
+    return _STARTER.submit(start).result()
+
+
+def stop_child(proc: subprocess.Popen[bytes]) -> None:
+    """Kill ``proc``'s whole group and reap it (a no-op on one that was stopped already)."""
+    if proc.returncode is None:
+        _signal_group(proc, signal.SIGKILL)
+    _reap(proc)
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
 
 
 def _dies_with_parent() -> Callable[[], None] | None:

@@ -37,6 +37,7 @@ from onnx_bisect.run_info import (
 )
 from onnx_bisect.steps_result import StepsSummary
 from onnx_bisect.text import fmt, plural
+from onnx_bisect.torch_result import TorchRefSummary
 from onnx_bisect.transforms.registry import TransformRecord
 
 __all__ = [
@@ -88,7 +89,9 @@ class CauseKind(StrEnum):
     not a runtime's bug; ``pattern``: only a window of connected nodes reproduces it; ``crash``:
     the target dies when the node is present; ``unsupported``: the target cannot run the node
     (a missing kernel or conversion); ``error``: the target reports another error whenever the
-    node is present; ``none``: none of these could be shown."""
+    node is present; ``export`` (a PyTorch reference): a module's ONNX nodes, fed its own inputs,
+    compute something else in float64; ``runtime``: they agree in float64, the target is off;
+    ``none``: none of these could be shown."""
 
     CULPRIT = "culprit"
     RANGE = "range"
@@ -100,6 +103,8 @@ class CauseKind(StrEnum):
     CRASH = "crash"
     UNSUPPORTED = "unsupported"
     ERROR = "error"
+    EXPORT = "export"
+    RUNTIME = "runtime"
     NONE = "none"
 
 
@@ -284,15 +289,14 @@ class BisectResult:
     # What each side computes float32 work in, and where that is known from.
     ref_precision: PrecisionInfo = FLOAT32_DEFAULT
     target_precision: PrecisionInfo = FLOAT32_DEFAULT
-    # Dataset mode: every input screened, the sample's per-node statistics; the rest of the
-    # result is the diagnosis of the worst input.
+    # Dataset mode: every input screened; the rest is the diagnosis of the worst input.
     dataset: DatasetSummary | None = None
-    # Where the first divergence and the root cause come from in the exporter's source (module
-    # path, class, file and line), by node name, where the model's metadata or names say.
+    # By node name: where it comes from in the exporter's source (module, class, file:line).
     sources: Mapping[str, SourceInfo] = field(default_factory=dict)
     # Multi-step mode: every step screened in lockstep; the rest of the result is the
     # diagnosis of the first step that diverged (else the last step).
     steps: StepsSummary | None = None
+    torch: TorchRefSummary | None = None  # PyTorch reference: each module against the target
 
     @property
     def diverged(self) -> bool:
@@ -362,7 +366,8 @@ def _summary_lines(r: BisectResult) -> list[Text]:
         Text.assemble(("task check", "green" if c.agrees else "yellow"), f": {c.summary()}")
         for c in r.task_checks
     ]
-    dataset = [Text.assemble(("Dataset", "bold"), f": {line}") for line in _dataset_lines(r)]
+    said = r.dataset.lines() if r.dataset is not None else []
+    dataset = [Text.assemble(("Dataset", "bold"), f": {line}") for line in said]
     dataset += _steps_lines(r)
     precision = _precision_lines(r)
     if not r.diverged:
@@ -510,13 +515,10 @@ def _precision_lines(r: BisectResult) -> list[Text]:
     return [Text.assemble(("Precision", "bold"), f": {said}")] if said else []
 
 
-def _dataset_lines(r: BisectResult) -> list[str]:
-    return r.dataset.lines() if r.dataset is not None else []
-
-
 def _steps_lines(r: BisectResult) -> list[Text]:
-    said = r.steps.lines() if r.steps is not None else []
-    return [Text.assemble(("Steps", "bold"), f": {line}") for line in said]
+    said = [("Steps", s) for s in (r.steps.lines() if r.steps is not None else [])]
+    said += [("PyTorch", s) for s in (r.torch.lines() if r.torch is not None else [])]
+    return [Text.assemble((head, "bold"), f": {line}") for head, line in said]
 
 
 def _finding_lines(r: BisectResult) -> list[Text]:

@@ -458,7 +458,11 @@ def test_exec_command_not_found(tmp_path: Path) -> None:
     spec = f"exec:{prog} {{model}} {{inputs}} {{outputs}}"
     with pytest.raises(BackendError) as err:
         create_backend(spec).run(chain(), {"x": X})
-    assert str(err.value) == f"{spec}: command not found: {prog}"
+    hint = (
+        "give the program's path; exec:{python} SCRIPT ... runs a Python script with "
+        + sys.executable
+    )
+    assert str(err.value) == f"{spec}: command not found: {prog} (hint: {hint})"
 
 
 NOT_UTF8 = """

@@ -89,10 +89,18 @@ def test_a_sandbox_passes_on_what_its_runtime_declares(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="torch streams; the [torch] extra is not installed")
     assert create_backend("torch:cpu").capabilities.streams
     sandboxed = create_backend("torch:cpu", in_child=True)
-    assert sandboxed.capabilities == Capabilities(child_process=True)
+    assert sandboxed.capabilities == Capabilities(child_process=True, process_per_run=True)
+    worker = create_backend("torch:cpu", in_child=None)  # the default: one long-lived child
+    assert worker.capabilities == Capabilities(child_process=True)
     np.save(tmp_path / "y.npy", np.zeros(3, np.float32))
     dump = create_backend(f"dump:{tmp_path}", in_child=True)
-    assert dump.capabilities == Capabilities(computes=False, partial=True, child_process=True)
+    assert dump.capabilities == Capabilities(
+        computes=False, partial=True, child_process=True, process_per_run=True
+    )
+    # A dump reads files: nothing in it can crash, so the default keeps it here.
+    assert create_backend(f"dump:{tmp_path}", in_child=None).capabilities == Capabilities(
+        computes=False, partial=True
+    )
 
 
 @pytest.mark.slow

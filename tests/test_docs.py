@@ -589,6 +589,7 @@ SLOW_GROUPS = {
     ("guide.md", "onnx-bisect repro pat/repro"): "a bundle made, re-run and re-targeted",
     ("report-format.md", "--quiet --out report"): "two diagnoses and every report file read",
     ("guide.md", "onnx-bisect sweep"): "four cases, each a diagnosis in a process of its own",
+    ("guide.md", "--ref pytorch:tiny.py:make"): "torch imported, a TorchScript export, exec: runs",
 }
 
 

@@ -156,3 +156,84 @@ def test_the_real_command_exits_1(tmp_path: Path) -> None:
     )
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr == ""
+
+
+def constant_of_shape_gemm() -> onnx.ModelProto:
+    """x -> Relu -> Gemm with B = W + ConstantOfShape(shape) (no ``value``: float32 zeros),
+    the form on which tract gives the ConstantOfShape a float64 output and the Gemm then
+    refuses it ("Impossible to unify F64 with F32")."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    shape = numpy_helper.from_array(np.array([4, 3], np.int64), "shape")
+    w = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3) / 12, "W")
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("ConstantOfShape", ["shape"], ["zeros"], name="zeros"),
+        helper.make_node("Add", ["W", "zeros"], ["w2"], name="add_w"),
+        helper.make_node("Gemm", ["r", "w2"], ["y"], name="gemm"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [shape, w],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+class Retyping(BackendBase):
+    """ORT CPU that hands ``tensor`` on as float64 (``dtype``) or flattened (``shape``), and
+    refuses any model that then reads it, as tract's Gemm does."""
+
+    def __init__(self, tensor: str, change: str) -> None:
+        super().__init__(BackendSpec(text=f"retyping({tensor})", name="retyping"))
+        self.tensor, self.change = tensor, change
+        self.inner = create_backend("cpu")
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        reader = next((n for n in model.graph.node if self.tensor in n.input), None)
+        if reader is not None:
+            raise BackendError(f"node {reader.name}: Impossible to unify F64 with F32")
+        out = self.inner.run(model, feeds)
+        if self.tensor in out:
+            value = out[self.tensor]
+            out[self.tensor] = value.astype(np.float64) if self.change == "dtype" else value.ravel()
+        return out
+
+
+def test_a_node_whose_output_type_changes_is_named_not_the_node_that_refuses_it() -> None:
+    """The search accepts a prefix only when its outputs have the model's dtypes and shapes:
+    a prefix that hands on the changed tensor has failed already."""
+    said = {
+        "dtype": "as float64 where the model says float32",
+        "shape": "of shape (12) where the model says (4, 3)",
+    }
+    for change, words in said.items():
+        result = onnx_bisect.bisect(
+            constant_of_shape_gemm(), target=Retyping("zeros", change), repro=None
+        )
+        cause = result.root_cause
+        assert cause is not None and cause.nodes == ("zeros",), (change, cause)
+        assert cause.kind is CauseKind.ERROR
+        assert cause.reason == (
+            f"the target gives ConstantOfShape 'zeros' output 'zeros' {words}; it runs every "
+            "smaller prefix of the graph, and fails on the full model where a later node is "
+            "fed that tensor"
+        )
+        assert cause.message == "node add_w: Impossible to unify F64 with F32"
+
+
+def test_tract_gives_a_constant_of_shape_float64_and_it_is_named(tmp_path: Path) -> None:
+    """Real tract 0.23: ConstantOfShape without ``value`` comes out F64, and a later Gemm
+    refuses it; the ConstantOfShape is named, not the Gemm."""
+    import pytest
+
+    pytest.importorskip("tract")
+    result = onnx_bisect.bisect(constant_of_shape_gemm(), target="tract", repro=None)
+    cause = result.root_cause
+    assert cause is not None and cause.nodes == ("zeros",), cause
+    assert cause.reason.startswith(
+        "the target gives ConstantOfShape 'zeros' output 'zeros' as float64 where the model "
+        "says float32"
+    )
+    assert "Impossible to unify F64 with F32" in cause.message
+    assert result.first_divergence is not None
+    assert result.first_divergence.verdict is Verdict.FAILED

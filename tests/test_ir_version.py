@@ -180,12 +180,14 @@ def test_other_failures_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None
     assert (opened, backend.highest_ir, backend.notes()) == ([10], None, [])
 
 
-def test_a_sandboxed_backend_keeps_the_childs_notes() -> None:
-    # The lowering happens in the child process; its note must still reach the report.
-    from onnx_bisect.backends.sandbox import SandboxBackend
-    from onnx_bisect.backends.spec import parse_spec
+@pytest.mark.parametrize("in_child", [True, None], ids=["child per run", "worker"])
+def test_a_backend_in_a_child_keeps_the_childs_notes(in_child: bool | None) -> None:
+    # The lowering happens in the child process; its note must still reach the report, once
+    # per run for an event, and a fact once however many children said it.
+    from onnx_bisect.backends.registry import create_backend
 
-    backend = SandboxBackend(parse_spec("cpu"))
-    out = backend.run(exp_model(99), {"x": X})
+    backend = create_backend("cpu", in_child=in_child)
+    for _ in range(2):
+        out = backend.run(exp_model(99), {"x": X})
     np.testing.assert_allclose(out["y"], np.exp(X), rtol=1e-6)
     assert any("lowered from IR 99" in n for n in backend.notes()), backend.notes()

@@ -75,6 +75,7 @@ def test_planted_conv_fault_exec_runtime(py: str, tmp_path) -> None:
         "reason": result.root_cause.reason,  # type: ignore[union-attr]
         "message": "",
         "workaround": None,
+        "workaround_verified": False,
         "model_message": "",
         # The node's scoped name, /down1/conv/Conv, gives its module path.
         "source": {"module": "down1.conv", "class": None, "file": None, "line": None,

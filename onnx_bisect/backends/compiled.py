@@ -10,7 +10,7 @@ A compile costs seconds to minutes, so each adapter keeps what it compiled in on
 process, keyed by the model's bytes, the input shapes and the backend's settings: a backend
 built anew from its spec (a pass bisection's runs) and a model run on other inputs of the
 same shapes (a dataset's) reuse it. Under ``--isolate-crashes`` every run is a fresh child
-process, so the cache also lives on disk: ``SandboxBackend`` names a folder of its own in
+process, so the cache also lives on disk: ``WorkerBackend`` names a folder of its own in
 ``COMPILED_DIR_ENV`` (inside the command's temporary folder), where each child reads what an
 earlier child compiled and writes what it compiled itself. A repro bundle's check names one
 too, for the one model it runs (``repro/bundle.py``): what is already kept in memory is
@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # The folder a sandboxed child keeps compiled artifacts in, shared with the command's other
-# children (set by ``SandboxBackend``; unset, the cache is this process's alone).
+# children (set by ``WorkerBackend``; unset, the cache is this process's alone).
 COMPILED_DIR_ENV = "ONNX_BISECT_COMPILED_DIR"
 
 # The errors a failed compile is kept as, by importable name: what an adapter raises when the

@@ -40,7 +40,7 @@ from onnx_bisect.process import run_child
 
 __all__ = [
     "CAPABILITY_PREFIX", "DECLARABLE", "DISABLE", "NOTE_PREFIX", "PYTHON", "ExecBackend",
-    "ExecPasses", "PLACEHOLDERS", "hint",
+    "ExecPasses", "PLACEHOLDERS", "exited", "hint",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ _STDERR_TAIL = 5
 
 
 class ExecBackend(BackendBase):
-    capabilities = Capabilities(child_process=True)
+    capabilities = Capabilities(child_process=True, process_per_run=True)
     # How the model is written for the command: for any program, weights beside it.
     save = staticmethod(save_model)
 
@@ -113,15 +113,8 @@ class ExecBackend(BackendBase):
             self._declared(_text(proc.stderr))
             stderr = _undeclared(proc.stderr)
             if proc.returncode != 0:
-                status = _status(proc.returncode)
-                # Killed by a signal (segfault, abort) is a crash, not an error it reported.
-                error = BackendCrash if proc.returncode < 0 else BackendError
                 said = _text(stderr) or "(no stderr)"
-                hinted = self._hint(said)
-                raise error(
-                    f"{self.spec.text}: exited with {status}: {_tail(stderr)}{hinted}",
-                    detail=f"{self.spec.text}: exited with {status}:\n{said}{hinted}",
-                )
+                raise exited(self.spec.text, proc.returncode, stderr, hinted=self._hint(said))
             out_path = Path(paths["{outputs}"])
             if not out_path.exists():
                 raise BackendError(
@@ -235,8 +228,17 @@ def _undeclared(raw: bytes) -> bytes:
     return b"\n".join(ln for ln in raw.splitlines() if not ln.startswith(prefix))
 
 
-def _status(code: int) -> str:
-    return f"signal {-code}" if code < 0 else f"code {code}"
+def exited(spec: str, code: int, stderr: bytes, hinted: str = "") -> BackendError:
+    """The error of a child that exited with ``code`` (negative: killed by that signal, which
+    is a crash, not an error it reported), with the last of what it said and ``hinted``, a
+    sentence on what to fix (see ``hint``)."""
+    status = f"signal {-code}" if code < 0 else f"code {code}"
+    error = BackendCrash if code < 0 else BackendError
+    said = _text(stderr) or "(no stderr)"
+    return error(
+        f"{spec}: exited with {status}: {_tail(stderr)}{hinted}",
+        detail=f"{spec}: exited with {status}:\n{said}{hinted}",
+    )
 
 
 def _tail(raw: bytes) -> str:

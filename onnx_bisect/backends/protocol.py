@@ -44,6 +44,8 @@ class Capabilities:
     tensor (it is left out of the comparison, not counted as missing).
     ``child_process``: every run happens in a child process, so a crash or a timeout comes
     back as ``BackendCrash`` instead of killing the tool.
+    ``process_per_run``: each run starts a process of its own (``exec:``,
+    ``--isolate-crashes``), so runs may overlap to hide the start (isolation runs two at once).
     ``streams``: ``BackendBase.stream`` hands each wanted tensor over as soon as it is
     computed and then drops it, so one run yields every probe while holding one at a time.
     ``compiles``: every run compiles the model first (an ML compiler: seconds to minutes a
@@ -54,6 +56,7 @@ class Capabilities:
     computes: bool = True
     partial: bool = False
     child_process: bool = False
+    process_per_run: bool = False
     streams: bool = False
     compiles: bool = False
 
@@ -90,6 +93,7 @@ class BackendBase:
         self.spec = spec
         # Counted by text, so a warning that every run repeats is one line with a count.
         self._notes: Counter[str] = Counter()
+        self._facts: set[str] = set()  # notes taken ``once``: shown without a count
         self._notes_lock = threading.Lock()
 
     def run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
@@ -161,9 +165,17 @@ class BackendBase:
             counted = list(self._notes.items())
         return [text if n == 1 else f"{text} ({n} times)" for text, n in counted]
 
+    def note_counts(self) -> tuple[dict[str, int], frozenset[str]]:
+        """Every note's count so far, and which of them are facts (taken ``once``): what a
+        worker process hands its parent, which adds them to its own (``backends/worker.py``)."""
+        with self._notes_lock:
+            return dict(self._notes), frozenset(self._facts)
+
     def _note(self, text: str, count: int = 1, *, once: bool = False) -> None:
         """Record ``text``; ``once`` for a fact (shown without a count), not an event."""
         with self._notes_lock:
+            if once:
+                self._facts.add(text)
             if not (once and text in self._notes):
                 self._notes[text] += count
 

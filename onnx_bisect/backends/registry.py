@@ -13,9 +13,13 @@ from onnx_bisect.backends.protocol import Backend, one_line
 from onnx_bisect.backends.spec import ALIASES, BackendSpec, parse_spec
 from onnx_bisect.errors import BackendUnavailableError, SpecError
 
-__all__ = ["Adapter", "adapters", "check_known", "create_backend"]
+__all__ = ["IN_PROCESS", "Adapter", "adapters", "check_known", "create_backend"]
 
 log = logging.getLogger(__name__)
+
+# Adapters that stay in this process unless a child per run is asked for: onnx.reference is
+# Python (it raises; it does not crash the interpreter), and a dump reads files.
+IN_PROCESS = ("ref", "dump")
 
 
 def _from_file(spec: BackendSpec) -> Callable[[BackendSpec], Backend]:
@@ -106,14 +110,16 @@ def adapters() -> dict[str, Adapter]:
 
 
 def create_backend(
-    spec: str | BackendSpec, *, in_child: bool = False, timeout: float | None = None
+    spec: str | BackendSpec, *, in_child: bool | None = False, timeout: float | None = None
 ) -> Backend:
     """Build a backend from a spec; unknown names and unusable backends raise clearly.
 
-    ``in_child`` runs an in-process runtime in a fresh child process per run
-    (``SandboxBackend``), so that a segfault or an abort is caught; ``timeout`` (seconds per
-    run) turns a hang of a child into a crash. Backends that run a child already (``exec:``)
-    take the timeout themselves.
+    ``in_child``: where an in-process runtime runs (``backends/worker.py``). False: in this
+    process. None: in one long-lived child process that serves every run (a fresh one after a
+    crash), so that a segfault, an abort or a panic is caught; the spec's own runtimes only
+    (``ref``, onnx.reference in Python, and ``dump:`` stay here). True: in a fresh child
+    process per run. ``timeout`` (seconds per run) turns a hang of a child into a crash.
+    Backends that run a child already (``exec:``) take the timeout themselves.
     """
     parsed = parse_spec(spec) if isinstance(spec, str) else spec
     if parsed.transforms:
@@ -128,10 +134,10 @@ def create_backend(
         return ExecBackend(parsed, timeout)
     factory, parsed = _factory(parsed)
     backend = factory(parsed)  # validates the spec and availability here, not in a child
-    if in_child:
-        from onnx_bisect.backends.sandbox import SandboxBackend
+    if in_child or (in_child is None and parsed.name not in IN_PROCESS):
+        from onnx_bisect.backends.worker import WorkerBackend
 
-        return SandboxBackend(parsed, timeout, inner=backend.capabilities)
+        return WorkerBackend(parsed, backend, timeout, fresh=bool(in_child))
     return backend
 
 

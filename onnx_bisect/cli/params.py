@@ -192,7 +192,7 @@ RefOpt = Annotated[
         "--ref",
         "-r",
         metavar="SPEC",
-        help="The trusted backend (a spec, as --target).",
+        help="The trusted backend (a spec, as --target), or pytorch:FILE.py:FACTORY.",
         rich_help_panel=COMPARE,
     ),
 ]
@@ -420,8 +420,8 @@ IsolateCrashesOpt = Annotated[
     typer.Option(
         "--isolate-crashes/--no-isolate-crashes",
         metavar="",
-        help="Run the target in a child process, so that a crash is localized (always "
-        "so for exec:).",
+        help="The target in a fresh process per run (default: one worker process; --no-: in "
+        "this process).",
         show_default=False,
         rich_help_panel=RESOURCES,
     ),

@@ -19,6 +19,7 @@ constants), each is measured at the outputs:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -41,6 +42,8 @@ _SUSPECTS = (Verdict.CULPRIT, Verdict.RANGE, Verdict.PARAMETER)
 _STARTS = (Verdict.CULPRIT, Verdict.RANGE)
 
 Settled = tuple[list[NodeResult], NodeResult | None, RootCause | None]
+# An unrolled iteration's part of a node's name (graph/unroll.py: {loop}/iteration_{i}/{node}).
+_ITERATION = re.compile(r"/iteration_\d+/")
 
 
 def rank_suspects(
@@ -54,7 +57,10 @@ def rank_suspects(
     unchanged where there is no competition (one culprit: no extra run)."""
     suspects = sorted((n for n in nodes if n.verdict in _SUSPECTS), key=_static_rank)
     changed = any(n.verdict is Verdict.PARAMETER for n in suspects)
-    if len(suspects) < 2 and not changed or len(suspects) > MAX_SUSPECTS:
+    # An unrolled Loop's or Scan's copies of one body node are one suspect: the body node is
+    # wrong in every iteration, and the earliest copy names it.
+    one = len({_ITERATION.sub("", n.name) for n in suspects}) < 2
+    if one and not changed or len(suspects) > MAX_SUSPECTS:
         # Many at once is a precision or a criterion, not bugs to tell apart (every Conv at
         # atol 0): the static rank (an Inf, then a range problem, first) stands.
         return list(nodes), first, cause

@@ -126,6 +126,8 @@ def _summary(r: BisectResult) -> list[str]:
         facts.append(("Dataset", f"<code>{escape(r.dataset.source)}</code>: {lines}"))
     if r.steps is not None:
         facts.append(("Steps", "<br>".join(escape(line) for line in r.steps.lines())))
+    if r.torch is not None:
+        facts.append(("PyTorch", "<br>".join(escape(line) for line in r.torch.lines())))
     fd = r.first_divergence
     if fd is not None:
         acc = fd.accumulated

@@ -25,7 +25,9 @@ from onnx_bisect.report.mermaid import focus_node, mermaid_lines
 from onnx_bisect.report.passes import pass_markdown, workaround_step
 from onnx_bisect.report.quant import keep_fp32_markdown, quant_markdown
 from onnx_bisect.report.steps import steps_markdown
+from onnx_bisect.report.torchref import torch_markdown
 from onnx_bisect.result import (
+    CauseKind,
     agreement,
     headline,
     no_divergence_found,
@@ -62,6 +64,7 @@ def render_markdown(result: BisectResult, folder: Path | None = None) -> str:
         lines += ["", "**Root cause, its neighbours and the amplification chain**", "", *diagram]
     lines += _inputs_section(result)
     lines += steps_markdown(result.steps) if result.steps is not None else []
+    lines += torch_markdown(result.torch) if result.torch is not None else []
     lines += next_steps(result, folder)
     if result.pass_bisection is not None:
         lines += pass_markdown(result.pass_bisection)
@@ -210,6 +213,12 @@ def step_list(result: BisectResult, folder: Path | None = None) -> list[str]:
     if pb is not None and pb.workaround:
         steps.append(workaround_step(pb))
     rc = result.root_cause
+    if rc is not None and rc.kind is CauseKind.EXPORT:
+        steps.append(
+            "Fix the export, not the runtime: the exporter's translation of the module named "
+            "above computes something else than torch (a `custom_translation_table` entry, or "
+            "the exporter's own: report that to PyTorch's ONNX exporter)."
+        )
     if rc is not None and rc.workaround:
         steps.append(f"Work around it: {code(target_arg(rc.workaround))} computes at fp32.")
     steps += [f"Work around it: {one_line(n)}." for n in result.notes if "compare at fp32" in n]

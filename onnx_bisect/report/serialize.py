@@ -12,6 +12,7 @@ from onnx_bisect.compare.criterion import Comparison
 from onnx_bisect.compare.precision import PrecisionInfo
 from onnx_bisect.report.curve import error_curve
 from onnx_bisect.report.steps import steps_dict
+from onnx_bisect.report.torchref import torch_dict
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -332,4 +333,5 @@ def to_dict(result: BisectResult) -> dict[str, Any]:
         **({"dataset": dataset_dict(result.dataset)} if result.dataset is not None else {}),
         # Only in multi-step mode, likewise.
         **({"steps": steps_dict(result.steps)} if result.steps is not None else {}),
+        **({"torch": torch_dict(result.torch)} if result.torch is not None else {}),
     }

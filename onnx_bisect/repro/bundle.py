@@ -144,8 +144,9 @@ def build_bundle(
     so the written bundle is read back and re-run here instead of by ``repro.py``.
 
     A target whose runs compile (``Capabilities.compiles``) compiles each candidate once. One
-    whose every run is a process of its own (an exec: compiler), or that is checked here, runs
-    it only in the check: a run here and then the check's would compile it twice. One that
+    whose every run is in a child process (an exec: compiler; IREE and TVM in their worker,
+    the default), or that is checked here, runs it only in the check: a run here and then the
+    check's would compile it twice. One that
     runs here and is checked by repro.py (IREE, TVM) runs it here, where a small model
     compiles in a second, and repro.py reads back what was compiled (``_shared_compiles``);
     each check of its own would pay a process start and the compiler's import (about 8 s for

@@ -27,6 +27,7 @@ __all__ = [
     "ISOLATION_BATCH_BYTES",
     "ISOLATION_BATCH_NODES",
     "ISOLATION_WORKERS",
+    "SLOW_RUN_S",
     "IsolationFailure",
     "isolate",
 ]
@@ -64,10 +65,9 @@ def isolate(
     """
     model = loaded or session.loaded
     # Past ISOLATION_BATCH_BYTES a batch costs more memory than it saves time, unless each
-    # batch is a compile: then fewer, larger batches win.
-    cap = (
-        session.memory.isolation if session.target.capabilities.compiles else ISOLATION_BATCH_BYTES
-    )
+    # batch is a compile or a slow run: then fewer, larger batches win.
+    slow = session.target.capabilities.compiles or _slow(session)
+    cap = session.memory.isolation if slow else ISOLATION_BATCH_BYTES
     limit = min(session.memory.isolation, cap) if budget is None else budget
     limit = min(limit, session.memory.isolation // _workers(session))  # in flight share it
     known = set(model.initializers) | set(session.feeds) | {""}
@@ -151,14 +151,41 @@ def _run_batches(
                     use(batch, outcome)
                     del outcome  # not held through the next wave
                     continue
-                half = len(batch) // 2
-                pending += [batch[half:], batch[:half]]
+                pending += _split(batch, outcome)
+
+
+def _split(batch: list[NodeInfo], error: BackendError) -> list[list[NodeInfo]]:
+    """A failing batch in parts, the part to run first last (``pending`` is a stack): the
+    node the runtime's message names, alone, then the rest (two runs per failing node where
+    the runtime says which, as ONNX Runtime's "Name:'x'" and tract's ``node #6 "x"`` do);
+    else halves (a bisection: about two runs per failing node per halving)."""
+    named = _named(batch, error.full)
+    if named is not None and len(batch) > 2:
+        return [[n for n in batch if n is not named], [named]]
+    half = len(batch) // 2
+    return [batch[half:], batch[:half]]
+
+
+def _named(batch: Sequence[NodeInfo], message: str) -> NodeInfo | None:
+    """The one node of ``batch`` the message names in quotes (or after "node "), else None."""
+    found = [
+        n
+        for n in batch
+        if any(f.format(n.name) in message for f in ("'{}'", '"{}"', "node {} ", "node {}:"))
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def _slow(session: Session) -> bool:
+    """Whether the target's runs so far took SLOW_RUN_S or more each, on the mean."""
+    runs = session.stats.runs.get("target", 0)
+    return runs > 0 and session.stats.seconds.get("target", 0.0) / runs >= SLOW_RUN_S
 
 
 def _workers(session: Session) -> int:
-    """Isolation runs at once: two where each run is a child process and runs may overlap
-    (``parallel``) on more than one core, else one."""
-    if not (session.options.parallel and session.target.capabilities.child_process):
+    """Isolation runs at once: two where each run starts a process of its own and runs may
+    overlap (``parallel``) on more than one core, else one."""
+    if not (session.options.parallel and session.target.capabilities.process_per_run):
         return 1
     return min(ISOLATION_WORKERS, _cores())
 
@@ -214,6 +241,12 @@ def _run_isolated(
 # with no buffer reuse between them. Past this size a batch costs more memory than it saves
 # time: on YOLOv8n-320 one batch took 0.82 s at 434 MB peak, three took 0.93 s at 343 MB.
 ISOLATION_BATCH_BYTES = 64 << 20
+
+# A target whose runs take this long each (seconds: tract optimizing a large model, a
+# runtime on a slow device) gets batches as large as the memory plan allows, as a compiler
+# does: each batch then costs a run of seconds, and at 64 MB a model of large activations
+# gets a batch for every node or few.
+SLOW_RUN_S = 1.0
 
 # Child processes running isolation batches at once (see _run_batches).
 ISOLATION_WORKERS = 2

@@ -23,6 +23,7 @@ from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.search.cut import search_info
 from onnx_bisect.engine.search.state import CutSearch
+from onnx_bisect.engine.search.typecheck import TypeChange, type_change
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendCrash, BackendError
 from onnx_bisect.graph.extract import identity_model, prefix_model
@@ -61,12 +62,18 @@ def failure_search(
     def fails(position: int) -> bool:
         try:
             model = prefix_model(loaded, position, metas)
-            timed_run(s.target, model, s.feeds, "target", s.stats)
+            out = timed_run(s.target, model, s.feeds, "target", s.stats)
         except BackendError as exc:
             log.debug("prefix %d fails: %s", position, exc)
             errors[position] = exc
             return True
-        return False
+        # A prefix that runs but hands on a tensor of another type than the model's has
+        # failed already: what the later nodes are fed is wrong, and one of them refuses it.
+        changed = type_change(loaded, model, out)
+        if changed is not None:
+            log.debug("prefix %d: %s", position, changed)
+            errors[position] = changed
+        return changed is not None
 
     hi = len(loaded.nodes) if failing is None else failing
     # A compiler's every answer costs a compile: its answer is not checked a position further.
@@ -103,6 +110,8 @@ def failure_search(
         note = f"the target crashes when this node is in the model: {message}"
         rows = _rows(loaded.nodes, node, Verdict.CRASHED, note)
         return Found("crash-bisect", rows, rows[node.index], cause, search)
+    if isinstance(error, TypeChange):
+        return _type_found(node, error, own, search, loaded.nodes)
     with s.timer.stage("bisect"):
         found = _error_found(session, node, message, search, store)
     if found.cause is not None and model_message:
@@ -178,6 +187,20 @@ def _error_found(
         strategy, rows, rows[node.index], cause, search, store=store,
         failed_alone=failed_alone, ran_alone=ran_alone,
     )  # fmt: skip
+
+
+def _type_found(
+    node: NodeInfo, change: TypeChange, said: str, search: SearchInfo, nodes: Sequence[NodeInfo]
+) -> Found:
+    """A node whose output the target gives another dtype or shape than the model's, which a
+    later node then fails on: ``said``, the target's own error on the full model."""
+    reason = (
+        f"{change}; it runs every smaller prefix of the graph, and fails on the full model "
+        "where a later node is fed that tensor"
+    )
+    rows = _rows(nodes, node, Verdict.FAILED, str(change))
+    cause = RootCause(CauseKind.ERROR, (node.name,), reason, said)
+    return Found("failure-bisect", rows, rows[node.index], cause, search)
 
 
 def _rows(

@@ -1,0 +1,304 @@
+"""An in-process runtime run in child processes of this package, so that a segfault, an abort
+or a Rust panic ends a child, not the tool.
+
+``WorkerBackend`` wraps the backend built here (which answers for its spec, versions,
+precision and passes, and never runs) and sends every run to a child, ``python -m
+onnx_bisect.backends.serve SPEC``, over a pipe: the model written for the child
+(``save_for_child``: weights stay where they are), the feeds and the outputs as .npz files in
+the child's own folder, one JSON line each way.
+
+Two ways to use children (docs/architecture.md, "Crashes"):
+- persistent (the default): one long-lived child serves run after run, started when the
+  backend is built so that the runtime's import overlaps the tool's own start. A child that
+  dies is a ``BackendCrash`` for the run it was serving; from then on every run gets a fresh
+  child, as under ``--isolate-crashes``: after a crash the runtime's state is suspect, and the
+  failure search must see each prefix on its own.
+- ``fresh``: a child per run (``--isolate-crashes``).
+
+A compiler's children share one folder of compiled models (``backends/compiled.py``), made in
+the command's temporary folder and removed with it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy.typing as npt
+import onnx
+
+from onnx_bisect.backends.compiled import COMPILED_DIR_ENV
+from onnx_bisect.backends.exec import exited
+from onnx_bisect.backends.passes import PassControl, supports_passes
+from onnx_bisect.backends.protocol import Backend, BackendBase, Tensors, computes_in
+from onnx_bisect.backends.spec import BackendSpec
+from onnx_bisect.compare.precision import PrecisionInfo
+from onnx_bisect.errors import (
+    BackendCrash,
+    BackendError,
+    BackendUnavailableError,
+    InputError,
+    ModelLoadError,
+    OnnxBisectError,
+    SpecError,
+)
+from onnx_bisect.graph.save import save_for_child
+from onnx_bisect.inputs.feeds import save_npz
+from onnx_bisect.inputs.npz import read_npz
+from onnx_bisect.process import python_child_env, start_server, stop_child
+
+__all__ = ["WorkerBackend"]
+
+log = logging.getLogger(__name__)
+
+# What a child's error comes back as, by its class's name; anything else is a BackendError.
+_ERRORS: dict[str, type[OnnxBisectError]] = {
+    c.__name__: c
+    for c in (BackendError, BackendCrash, ModelLoadError, InputError, SpecError)
+    + (BackendUnavailableError,)
+}
+
+
+class WorkerBackend(BackendBase):
+    """``inner``'s runs in child processes (see module)."""
+
+    def __init__(
+        self,
+        spec: BackendSpec,
+        inner: Backend,
+        timeout: float | None = None,
+        *,
+        fresh: bool = False,
+    ) -> None:
+        super().__init__(spec)
+        self.inner, self.timeout, self.fresh = inner, timeout, fresh
+        # What the runtime declares holds in the child too (a compiler still compiles every
+        # run); a stream cannot cross the process boundary.
+        self.capabilities = replace(
+            inner.capabilities, child_process=True, streams=False, process_per_run=fresh
+        )
+        self.crashes = 0
+        self._idle: list[_Worker] = []
+        self._live: set[_Worker] = set()
+        self._lock = threading.Lock()
+        self._compiled: str | None = None
+        weakref.finalize(self, _stop_all, self._live)
+        if not fresh:
+            self._idle.append(self._start())  # now: the runtime's import overlaps our work
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        worker = self._take()
+        try:
+            out = worker.run(self.spec.text, model, feeds, self.timeout, self._note)
+        except BackendCrash:
+            self._drop(worker)
+            self._crashed()
+            raise
+        except OnnxBisectError:  # the runtime's error, answered: the child serves on
+            self._done(worker)
+            raise
+        except BaseException:  # an answer that did not come (Ctrl-C): the child is in doubt
+            self._drop(worker)
+            raise
+        self._done(worker)
+        return out
+
+    def _done(self, worker: _Worker) -> None:
+        if self.fresh:
+            self._drop(worker)
+        else:
+            with self._lock:
+                self._idle.append(worker)
+
+    def _take(self) -> _Worker:
+        with self._lock:
+            if self._idle and not self.fresh:
+                return self._idle.pop()
+        return self._start()
+
+    def _start(self) -> _Worker:
+        worker = _Worker(self.spec.text, self.environment())
+        with self._lock:
+            self._live.add(worker)
+        return worker
+
+    def _drop(self, worker: _Worker) -> None:
+        with self._lock:
+            self._live.discard(worker)
+        worker.stop()
+
+    def _crashed(self) -> None:
+        """A child died: every later run gets a fresh child (see module)."""
+        self.crashes += 1
+        if self.fresh:
+            return
+        self._note(
+            f"{self.spec.text} crashed in its worker process; every later run of it got a fresh "
+            "process, as under --isolate-crashes",
+            once=True,
+        )
+        self.fresh = True
+        self.capabilities = replace(self.capabilities, process_per_run=True)
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            self._drop(worker)
+
+    def environment(self) -> dict[str, str]:
+        env = python_child_env()
+        if self.capabilities.compiles:
+            env[COMPILED_DIR_ENV] = self._compiled_dir()
+        return env
+
+    def _compiled_dir(self) -> str:
+        """This backend's folder of compiled models, made at its first child (in the command's
+        temporary folder, which the CLI removes; removed with the backend otherwise)."""
+        if self._compiled is None or not Path(self._compiled).is_dir():
+            self._compiled = tempfile.mkdtemp(prefix="onnx-bisect-compiled-")
+            weakref.finalize(self, shutil.rmtree, self._compiled, True)
+        return self._compiled
+
+    def close(self) -> None:
+        """End every child now (they end with the backend, or with this process, anyway)."""
+        _stop_all(self._live)
+        with self._lock:
+            self._idle = []
+
+    # What the runtime answers for itself, from the backend built here.
+    def describe(self) -> str:
+        if self.fresh and not self.crashes:
+            return f"{self.spec.text} (in a child process per run)"
+        return self.inner.describe()
+
+    def versions(self) -> dict[str, str]:
+        return self.inner.versions()
+
+    def computes_in(self) -> PrecisionInfo | None:
+        return computes_in(self.inner)
+
+    def recorded_inputs(self) -> Tensors | None:
+        return self.inner.recorded_inputs()
+
+    def pass_control(self, declared: Sequence[str]) -> PassControl | None:
+        return supports_passes(self.inner, declared)
+
+
+def _stop_all(live: set[_Worker]) -> None:
+    for worker in list(live):
+        live.discard(worker)
+        worker.stop()
+
+
+class _Worker:
+    """One child process and its folder."""
+
+    def __init__(self, spec: str, env: Mapping[str, str]) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="onnx-bisect-worker-"))
+        self.log = self.dir / "stderr.txt"
+        argv = [sys.executable, "-m", "onnx_bisect.backends.serve", spec]
+        with self.log.open("ab") as err:  # appended to: emptied before each run, from here
+            self.proc = start_server(argv, env=env, stderr=err)
+        self._buffer = b""
+
+    def run(
+        self,
+        spec: str,
+        model: onnx.ModelProto,
+        feeds: Mapping[str, npt.NDArray[Any]],
+        timeout: float | None,
+        note: Callable[..., None],
+    ) -> Tensors:
+        """``model`` run by the child; what the runtime noted meanwhile, failed or not (a
+        compile that failed is counted too), goes to ``note`` (``BackendBase._note``)."""
+        start = time.perf_counter()
+        wanted = {i.name for i in model.graph.input}
+        job = {
+            "model": str(save_for_child(model, self.dir)),
+            "inputs": str(self.dir / "inputs.npz"),
+            "outputs": str(self.dir / "outputs.npz"),
+        }
+        save_npz(Path(job["inputs"]), {k: v for k, v in feeds.items() if k in wanted})
+        Path(job["outputs"]).unlink(missing_ok=True)
+        os.truncate(self.log, 0)
+        asked = time.perf_counter()
+        answer = self._ask(spec, job, timeout)
+        answered = time.perf_counter()
+        facts = frozenset(answer.get("facts", ()))
+        for text, count in answer.get("notes", {}).items():
+            note(text, count, once=text in facts)
+        if "error" in answer:
+            kind = _ERRORS.get(answer["error"], BackendError)
+            if issubclass(kind, BackendError):
+                raise kind(answer["message"], detail=answer.get("detail"))
+            raise kind(answer["message"])
+        try:
+            out = read_npz(Path(job["outputs"]), {o.name for o in model.graph.output}, what=spec)
+        except InputError as exc:
+            raise BackendError(str(exc)) from None
+        log.debug(
+            "worker %d: written in %.3f s, answered in %.3f s, read in %.3f s",
+            self.proc.pid, asked - start, answered - asked, time.perf_counter() - answered,
+        )  # fmt: skip
+        return out
+
+    def _ask(self, spec: str, job: Mapping[str, str], timeout: float | None) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps(job) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise self._died(spec) from None
+        line = self._line(timeout)
+        if line is None:
+            self.stop()
+            raise BackendCrash(f"{spec}: timed out after {timeout:.3g} s")
+        if not line:
+            raise self._died(spec)
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def _line(self, timeout: float | None) -> bytes | None:
+        """The child's next answer line; b"" when its pipe closed, None past ``timeout``."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                if not sel.select(left):
+                    continue
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    return b""
+                self._buffer += data
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def _died(self, spec: str) -> BackendCrash:
+        """The crash of a child that stopped answering: its status and last words. Any exit
+        is a crash here (a runtime that calls ``exit``): the child itself never exits."""
+        stop_child(self.proc)
+        error = exited(spec, self.proc.returncode or 0, self.log.read_bytes())
+        self.stop()
+        if isinstance(error, BackendCrash):
+            return error
+        return BackendCrash(str(error), detail=error.detail)
+
+    def stop(self) -> None:
+        stop_child(self.proc)
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,175 @@
+"""Why the first divergent module diverges: its ONNX nodes (the scope's nodes that its output
+depends on) fed the module's own captured inputs and computed in float64. Different from the
+module's output: the translation is wrong (``export``); the same, and the target's run of
+those nodes differs from float64: the target's kernel is off (``runtime``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+from onnx import numpy_helper
+
+from onnx_bisect.backends.protocol import Backend
+from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.compare.criterion import Comparison, Criterion
+from onnx_bisect.compare.tensors import compare_tensors
+from onnx_bisect.engine.oracle.job import ORACLE
+from onnx_bisect.graph.extract import window_model
+from onnx_bisect.graph.view import LoadedModel, NodeInfo, TensorMeta
+from onnx_bisect.result import CauseKind, RootCause
+
+__all__ = ["Cause", "Window", "module_cause", "module_window", "training_ops"]
+
+Array = npt.NDArray[Any]
+# The target's values of tensors, by name: a run of the whole model marking them.
+Fetch = Callable[[Sequence[str]], Mapping[str, Array]]
+
+
+@dataclass(frozen=True)
+class Window:
+    """A module's ONNX nodes cut out, with what feeds them."""
+
+    model: onnx.ModelProto
+    nodes: tuple[str, ...]
+    feeds: dict[str, Array]
+    from_torch: int  # how many of the feeds are the module's captured inputs
+    training: tuple[str, ...] = ()  # its nodes that compute as in training (``training_ops``)
+
+
+@dataclass(frozen=True)
+class Cause:
+    """The root cause, with the comparisons it rests on: torch against float64 (``theirs``),
+    float64 against the target (``mine``, where it came to that), and what it cost."""
+
+    root: RootCause
+    theirs: Comparison
+    mine: Comparison | None
+    target_runs: int  # of the cut nodes (the whole model's, for their feeds, not counted)
+    from_torch: int  # feeds of the window that were the module's captured inputs
+
+
+def module_window(
+    loaded: LoadedModel,
+    scope: Sequence[NodeInfo],
+    tensor: str,
+    torch_inputs: Sequence[Array],
+    graph_feeds: Mapping[str, Array],
+    fetch: Fetch,
+) -> Window:
+    """The scope's nodes that ``tensor`` depends on, as a window with ``tensor`` its output.
+    Each activation it reads from outside is the module's own input with its shape (in
+    order), else the target's value (a shape, a constant computed outside the scope)."""
+    nodes = _slice(scope, tensor)
+    inits = {t.name for t in loaded.model.graph.initializer}
+    inside = {o for n in nodes for o in n.outputs}
+    read = [t for n in nodes for t in (*n.inputs, *n.implicit_inputs)]
+    outside = list(dict.fromkeys(t for t in read if t and t not in inside and t not in inits))
+    fetched = [t for t in outside if t not in graph_feeds]
+    values = {**{t: graph_feeds[t] for t in outside if t in graph_feeds}, **fetch(fetched)}
+    unused = [np.asarray(v) for v in torch_inputs]
+    taken = 0
+    for t in outside:
+        match = next((i for i, v in enumerate(unused) if v.shape == values[t].shape), None)
+        if match is not None:
+            values[t], taken = _as(unused.pop(match), loaded, t), taken + 1
+    meta = {t: TensorMeta(values[t].dtype, tuple(values[t].shape)) for t in outside}
+    model, feed_map, _ = window_model(loaded, nodes, meta, outputs=[tensor])
+    feeds = {new: values[old] for new, old in feed_map.items()}
+    feeds.update({t: values[t] for t in outside if t in graph_feeds})
+    names = [n.name for n in nodes]
+    return Window(model, tuple(names), feeds, taken, tuple(training_ops(loaded, names)))
+
+
+def _as(value: Array, loaded: LoadedModel, tensor: str) -> Array:
+    """``value`` in the ONNX tensor's own dtype (torch gives float32 where ONNX says so)."""
+    dtype = loaded.dtypes.get(tensor)
+    return np.asarray(value).astype(dtype, copy=False) if dtype is not None else value
+
+
+def _slice(scope: Sequence[NodeInfo], tensor: str) -> list[NodeInfo]:
+    """The nodes of ``scope`` that ``tensor`` depends on, walking back inside the scope."""
+    by_output = {o: n for n in scope for o in n.outputs}
+    wanted, stack = set(), [tensor]
+    while stack:
+        node = by_output.get(stack.pop())
+        if node is None or node.name in wanted:
+            continue
+        wanted.add(node.name)
+        stack.extend((*node.inputs, *node.implicit_inputs))
+    return [n for n in scope if n.name in wanted]
+
+
+def training_ops(loaded: LoadedModel, names: Sequence[str] | None = None) -> list[str]:
+    """Nodes (of ``names``, else all) that compute as in training: a BatchNormalization with
+    ``training_mode=1`` (batch statistics), a Dropout whose ``training_mode`` is a constant
+    true: the model was exported in training mode."""
+    protos, wanted = loaded.node_protos, set(names) if names is not None else None
+    found = []
+    for n in loaded.nodes:
+        if wanted is not None and n.name not in wanted:
+            continue
+        attrs = {a.name: a for a in protos[n.name].attribute}
+        if n.op_type == "BatchNormalization" and "training_mode" in attrs:
+            if attrs["training_mode"].i:
+                found.append(f"{n.op_type} {n.name} has training_mode=1")
+        elif n.op_type == "Dropout" and len(n.inputs) > 2 and _constant_true(loaded, n.inputs[2]):
+            found.append(f"{n.op_type} {n.name} has training_mode=true")
+    return found
+
+
+def _constant_true(loaded: LoadedModel, tensor: str) -> bool:
+    inits = {t.name: t for t in loaded.model.graph.initializer}
+    value = None
+    if tensor in inits:
+        value = numpy_helper.to_array(inits[tensor])
+    elif (node := loaded.producer.get(tensor)) is not None and node.op_type == "Constant":
+        attrs = {a.name: a for a in loaded.node_protos[node.name].attribute}
+        if "value" in attrs:
+            value = numpy_helper.to_array(attrs["value"].t)
+    return value is not None and bool(np.all(value))
+
+
+def module_cause(
+    window: Window,
+    tensor: str,
+    torch_output: Array,
+    target: Backend,
+    crit: Criterion,
+    label: str,
+) -> Cause:
+    """The root cause of ``label``'s divergence (a module's description)."""
+    f64 = create_backend(ORACLE).run(window.model, window.feeds)[tensor]
+    exact = np.asarray(f64, dtype=np.float64)
+    theirs = compare_tensors(tensor, np.asarray(torch_output, np.float64), exact, crit)
+    nodes, fed = window.nodes, window.from_torch
+    if theirs.diverged:
+        reason = (
+            f"{label}: its ONNX nodes, fed the module's own inputs, compute something else "
+            f"than torch in float64 (rel_l2={theirs.shown('rel_l2')}): the export's "
+            "translation of it is wrong"
+        )
+        if window.training:
+            reason += (
+                f"; it was exported in training mode ({'; '.join(window.training)}): "
+                "export the model after model.eval()"
+            )
+        return Cause(RootCause(CauseKind.EXPORT, nodes, reason), theirs, None, 0, fed)
+    ran = target.run(window.model, window.feeds)[tensor]
+    mine = compare_tensors(tensor, exact, np.asarray(ran, np.float64), crit)
+    if mine.diverged:
+        reason = (
+            f"{label}: its ONNX nodes agree with torch in float64, and the target's run of "
+            f"them, fed the same inputs, does not (rel_l2={mine.shown('rel_l2')}): the "
+            "target's kernel is off"
+        )
+        return Cause(RootCause(CauseKind.RUNTIME, nodes, reason), theirs, mine, 1, fed)
+    reason = (
+        f"{label}: fed the module's own inputs, its ONNX nodes agree with torch in float64 "
+        "and on the target; the error comes from its inputs' accumulated error"
+    )
+    return Cause(RootCause(CauseKind.NONE, nodes, reason), theirs, mine, 1, fed)

@@ -1,0 +1,126 @@
+"""A runtime that dies in process (a segfault, an abort, an exit) never takes the tool down:
+by default every in-process runtime runs in a long-lived worker process, and a crash is
+localized as under ``--isolate-crashes``: exit 1, the node named, a report and a verified
+bundle. The runtime is a plugin adapter (tests/crashing_runtime.py) in front of ONNX Runtime."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from typer.testing import CliRunner
+
+import onnx_bisect
+from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.cli import bisect_app
+from onnx_bisect.errors import BackendCrash, BackendError
+from onnx_bisect.result import CauseKind, Verdict
+from tests.models import chain
+
+runner = CliRunner()
+PLUGIN = Path(__file__).with_name("crashing_runtime.py")
+NODE = "act5"  # the Tanh of the 6th of 12 blocks
+REASON = (
+    f"the target crashes whenever Tanh '{NODE}' is in the model, and runs every smaller "
+    "prefix of the graph"
+)
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    path = tmp_path / "chain.onnx"
+    onnx.save(chain(12), path)
+    return path
+
+
+def crashing(how: str, node: str = NODE) -> str:
+    return f"{PLUGIN}:Crashing?node={node}&how={how}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("how", "signal"), [("segv", 11), ("abort", 6)])
+def test_a_runtime_that_dies_in_process_is_localized_with_no_flag(
+    how: str, signal: int, model: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "r"
+    spec = crashing(how)
+    res = runner.invoke(bisect_app, [str(model), "--target", spec, "-o", str(out)])
+    assert res.exit_code == 1, res.output
+    report = json.loads((out / "report.json").read_text())
+    cause = report["root_cause"]
+    assert (cause["kind"], cause["nodes"], cause["reason"]) == ("crash", [NODE], REASON)
+    assert cause["message"] == f"{spec}: exited with signal {signal}:\ndying on {NODE}"
+    assert report["repro"]["kind"] == "crash" and report["repro"]["nodes"] == [NODE]
+    assert report["repro"]["reproduces"], report["repro"]["message"]
+    assert (out / "report.md").is_file() and (out / "repro" / "repro.py").is_file()
+    # The first crash was in the worker; the search ran each prefix in a fresh child.
+    notes = "\n".join(report["notes"])
+    assert f"{spec} crashed in its worker process" in notes
+
+
+def test_the_api_survives_a_crash_too(model: Path) -> None:
+    result = onnx_bisect.bisect(model, target=crashing("abort"), repro=None)
+    assert result.root_cause is not None and result.root_cause.kind is CauseKind.CRASH
+    assert result.root_cause.nodes == (NODE,)
+    assert result.first_divergence is not None
+    assert result.first_divergence.verdict is Verdict.CRASHED
+
+
+def test_one_worker_serves_every_run_until_a_crash_then_a_child_per_run() -> None:
+    backend = create_backend(crashing("exit", node="mm1"), in_child=None)
+    feeds = {"x": np.ones((2, 8), np.float32)}
+    for _ in range(3):
+        backend.run(chain(1), feeds)  # no mm1 in a chain of one block
+    pids = [n for n in backend.notes() if n.startswith("ran in process")]
+    assert len(pids) == 1, backend.notes()
+    with pytest.raises(BackendCrash) as err:
+        backend.run(chain(2), feeds)
+    assert str(err.value) == f"{crashing('exit', node='mm1')}: exited with code 3: dying on mm1"
+    assert backend.capabilities.process_per_run
+    for _ in range(2):
+        backend.run(chain(1), feeds)
+    pids = [n for n in backend.notes() if n.startswith("ran in process")]
+    assert len(pids) == 3, backend.notes()  # the worker (which died), two fresh ones
+
+
+def test_an_error_the_runtime_reports_keeps_the_worker() -> None:
+    backend = create_backend("cpu", in_child=None)
+    model = chain(1)
+    model.graph.node[0].op_type = "NoSuchOp"
+    with pytest.raises(BackendError) as err:
+        backend.run(model, {"x": np.ones((2, 8), np.float32)})
+    assert not isinstance(err.value, BackendCrash)
+    assert "NoSuchOp" in str(err.value)
+    assert not backend.capabilities.process_per_run
+    out = backend.run(chain(1), {"x": np.ones((2, 8), np.float32)})
+    assert set(out) == {"y"}
+
+
+def test_a_crashing_reference_is_an_error_not_a_dead_tool(model: Path, tmp_path: Path) -> None:
+    """With --isolate-crashes the reference runs in a worker too (by default it runs in the
+    tool's process: see docs/architecture.md, "A runtime's crash never ends the diagnosis")."""
+    spec = crashing("segv")
+    argv = [str(model), "--ref", spec, "--target", "cpu", "--isolate-crashes"]
+    argv += ["-o", str(tmp_path / "r")]
+    res = runner.invoke(bisect_app, argv)
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == (
+        f"error: reference failed: {spec}: exited with signal 11: dying on {NODE}"
+    )
+
+
+@pytest.mark.slow
+def test_in_process_on_request_a_crash_takes_the_tool_down(model: Path, tmp_path: Path) -> None:
+    """``--no-isolate-crashes``: everything in this process, as asked; a segfault then ends
+    the tool, with no report. What the default's worker is there to prevent."""
+    bisect = Path(sys.executable).with_name("bisect")
+    argv = [str(bisect), str(model), "--target", crashing("segv"), "--no-isolate-crashes"]
+    argv += ["-o", str(tmp_path / "r")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -11, proc.stdout + proc.stderr
+    assert not (tmp_path / "r" / "report.json").exists()

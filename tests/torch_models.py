@@ -1,0 +1,98 @@
+"""A small transformer-like torch model for the PyTorch-reference tests, and its exports:
+``make`` is the factory ``--ref pytorch:tests/torch_models.py:make`` calls."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+# The line of Block.forward that calls the GELU: where the dynamo export's stack trace points.
+ACT_LINE = "return x + s.proj(s.act(s.fc(s.norm(x))))"
+
+
+class Block(nn.Module):
+    def __init__(s, d: int) -> None:
+        super().__init__()
+        s.norm, s.fc = nn.LayerNorm(d), nn.Linear(d, 2 * d)
+        s.act, s.proj = nn.GELU(), nn.Linear(2 * d, d)
+
+    def forward(s, x: torch.Tensor) -> torch.Tensor:
+        return x + s.proj(s.act(s.fc(s.norm(x))))
+
+
+class Net(nn.Module):
+    def __init__(s, d: int = 16) -> None:
+        super().__init__()
+        s.embed = nn.Linear(8, d)
+        s.blocks = nn.ModuleList([Block(d) for _ in range(2)])
+        s.head = nn.Linear(d, 4)
+
+    def forward(s, x: torch.Tensor) -> torch.Tensor:
+        h = s.embed(x)
+        for b in s.blocks:
+            h = b(h)
+        return s.head(h)
+
+
+def make() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The factory: the model in training mode (as a fresh module is), with example inputs."""
+    torch.manual_seed(0)
+    return Net(), (torch.randn(2, 5, 8),)
+
+
+def act_line() -> int:
+    """The line number of ``ACT_LINE`` in this file."""
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if text.strip() == ACT_LINE)
+
+
+def wrong_gelu(x: Any, approximate: str = "none") -> Any:
+    """aten.gelu translated wrong: x·sigmoid(1.5x) (the right one is near x·sigmoid(1.702x))."""
+    from onnxscript import opset18 as op
+
+    return op.Mul(x, op.Sigmoid(op.Mul(x, op.CastLike(1.5, x))))
+
+
+def export(path: Path, *, dynamo: bool, wrong: bool = False) -> Path:
+    """``make()``'s model exported to ``path`` (input ``x``), with the wrong GELU if asked."""
+    model, example = make()
+    model.eval()
+    table = {torch.ops.aten.gelu.default: wrong_gelu} if wrong else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            torch.onnx.export(
+                model, example, str(path), dynamo=True, input_names=["x"],
+                custom_translation_table=table, verbose=False,
+            )  # fmt: skip
+        else:
+            torch.onnx.export(model, example, str(path), dynamo=False, input_names=["x"])
+    return path
+
+
+def make_bn() -> nn.Module:
+    """A Linear, BatchNorm1d, ReLU, Linear stack whose running statistics differ from a
+    batch's: exported in training mode, its BatchNormalization uses the batch's."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 4))
+    bn = m[1]
+    assert isinstance(bn, nn.BatchNorm1d)
+    with torch.no_grad():
+        bn.running_mean.fill_(0.3)
+        bn.running_var.fill_(2.0)
+    return m
+
+
+def export_training(path: Path) -> Path:
+    """``make_bn()`` exported by the TorchScript exporter in training mode."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            make_bn().train(), (torch.randn(4, 8),), str(path), dynamo=False,
+            training=torch.onnx.TrainingMode.TRAINING, input_names=["x"],
+        )  # fmt: skip
+    return path
