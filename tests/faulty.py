@@ -126,3 +126,46 @@ class InputFaultBackend(BackendBase):
     def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
         planted = plant_input_fault(model, self.node, self.factor, self.trigger)
         return self.inner.run(planted, feeds)
+
+
+class FusionFaultBackend(BackendBase):
+    """ORT CPU with a fusion across ``tensor``: node ``node`` (a reader of ``tensor``) is off
+    by ``factor`` only while the model computes ``tensor`` and does not mark it as an output,
+    as OpenVINO computes a T5 encoder's attention mask wrong until the mask is observed. The
+    node's own output may be marked: the fault stays."""
+
+    def __init__(self, node: str, tensor: str, factor: float = 0.05) -> None:
+        super().__init__(BackendSpec(text=f"fusion-faulty({tensor}->{node})", name="fusion"))
+        self.node, self.tensor, self.factor = node, tensor, factor
+        self.inner = create_backend("cpu")
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        computed = any(self.tensor in n.output for n in model.graph.node)
+        marked = any(o.name == self.tensor for o in model.graph.output)
+        present = any(n.name == self.node for n in model.graph.node)
+        if present and computed and not marked:
+            model = plant_fault(model, self.node, self.factor)
+        return self.inner.run(model, feeds)
+
+
+class FoldFaultBackend(BackendBase):
+    """ORT CPU that folds ``tensor`` wrongly into ``node``: the node, reading ``tensor``, is off
+    by ``factor`` whenever ``tensor`` is a constant to the runtime: embedded as an initializer,
+    or computed in a model that holds its shape source ``source`` (a Shape of a graph input),
+    as OpenVINO folds a T5 encoder's position bias into the attention mask's arithmetic at
+    static shapes. Fed as an input, it is right."""
+
+    def __init__(self, node: str, tensor: str, source: str, factor: float = 0.05) -> None:
+        super().__init__(BackendSpec(text=f"fold-faulty({tensor}->{node})", name="fold"))
+        self.node, self.tensor, self.source, self.factor = node, tensor, source, factor
+        self.inner = create_backend("cpu")
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        # Embedded, the tensor may be renamed (a window's ``const__b``).
+        inits = {i.name for i in model.graph.initializer}
+        embedded = {i for i in inits if i == self.tensor or i.endswith("__" + self.tensor)}
+        source = any(n.name == self.source for n in model.graph.node)
+        read = {t for n in model.graph.node if n.name == self.node for t in n.input}
+        if (source and self.tensor in read) or (embedded & read):
+            model = plant_fault(model, self.node, self.factor)
+        return self.inner.run(model, feeds)

@@ -35,6 +35,7 @@ from onnx_bisect.engine.quant.prelude import prelude
 from onnx_bisect.engine.ranking import rank_suspects
 from onnx_bisect.engine.search.cut import CutRefused, CutResult, cut_search, search_info
 from onnx_bisect.engine.search.failure import failure_search
+from onnx_bisect.engine.search.marking import find_marking
 from onnx_bisect.engine.search.pattern import (
     EXTREME_WINDOW,
     MAX_WINDOW,
@@ -88,7 +89,9 @@ def scan_strategy(session: Session, screened: Observed) -> Found:
     if observer and screened.diverged and session.options.strategy == "auto":
         log.info("switching to the bisect strategy")
         session.notes.append("switched to the bisect strategy, which marks only cut tensors")
-        found = _by_cut_search(session, store, "switched from the scan: " + observer, nodes)
+        kept = _fusion_kept(session, store, screened)
+        why = "switched from the scan: " + observer
+        found = _by_cut_search(session, store, why, nodes, kept=kept)
         return replace(found, strategy="scan+bisect")
     # Only a scan's accumulated errors are the target's own result all along the graph.
     chain = chain_from(session.loaded, nodes, cause, first)
@@ -234,14 +237,36 @@ def _refused(session: Session, store: TensorStore, what: str, error: BackendErro
     return replace(found, strategy=f"scan+{found.strategy}")
 
 
+def _fusion_kept(session: Session, store: TensorStore, screened: Observed) -> tuple[str, ...]:
+    """The tensor whose marking changes the target's result (the observer effect), noted and
+    kept unmarked by the search that follows; none when no single tensor does it."""
+    with session.timer.stage("marking"):
+        marking = find_marking(session, store, screened.target_outputs)
+    if marking is None:
+        session.notes.append(
+            "no single tensor's marking changes the target's result: the cut search marks "
+            "only the tensors live across each cut"
+        )
+        return ()
+    log.info("%s", marking.note())
+    session.notes.append(marking.note())
+    return (marking.tensor,)
+
+
 def _by_cut_search(
-    session: Session, store: TensorStore, reason: str, scan_nodes: Sequence[NodeResult] = ()
+    session: Session,
+    store: TensorStore,
+    reason: str,
+    scan_nodes: Sequence[NodeResult] = (),
+    kept: tuple[str, ...] = (),
 ) -> Found:
     """Binary search over cuts, then isolation of the transition node, then a pattern. A
-    prefix the target cannot run ends it: the failure search then finds the node to blame."""
+    prefix the target cannot run ends it: the failure search then finds the node to blame.
+    ``kept``: tensors the cut search and the pattern windows never mark (a fusion runs
+    through them)."""
     try:
         with session.timer.stage("bisect"):
-            cut = cut_search(session, store)
+            cut = cut_search(session, store, kept)
     except CutRefused as refused:
         message = refused.error.full.removeprefix("target failed: ")
         session.notes.append(
@@ -272,13 +297,21 @@ def _by_cut_search(
     fallback = RootCause(
         CauseKind.NONE, (), "no single node or small window reproduces the divergence"
     )
-    nodes, first, cause, searched = _with_pattern(session, store, judged, first, fallback, search)
+    nodes, first, cause, searched = _with_pattern(
+        session, store, judged, first, fallback, search, kept
+    )
     return Found("bisect", tuple(nodes), first, cause, searched, store=store)
 
 
 def _worst_at(session: Session, cut: CutResult) -> Comparison | None:
     outs = [cut.comparisons[o] for o in cut.node.outputs if o in cut.comparisons]
     return max(outs, key=session.crit.badness) if outs else None
+
+
+_FOLDED = (
+    "with the tensors the input shapes alone determine embedded as constants, as the "
+    "target folds them at static shapes"
+)
 
 
 def _with_pattern(
@@ -288,15 +321,18 @@ def _with_pattern(
     first: NodeResult,
     fallback: RootCause | None,
     search: SearchInfo | None,
+    kept: tuple[str, ...] = (),
 ) -> tuple[list[NodeResult], NodeResult, RootCause | None, SearchInfo | None]:
     """The smallest window that reproduces the divergence: around the largest gains of x1000
     and more first (windows of up to six nodes), then around the first divergence."""
     loaded, tried = session.loaded, 0
     seeds = [*extreme_gains(nodes, skip=first.name), first]
+    # Last, the first divergence's windows with shape-determined tensors folded in.
+    tries = [*((seed, False) for seed in seeds), (first, True)]
     with session.timer.stage("pattern"):
-        for seed in seeds:
+        for seed, fold in tries:
             size = MAX_WINDOW if seed is first else EXTREME_WINDOW
-            pattern = find_pattern(session, store, loaded.nodes[seed.index], max_size=size)
+            pattern = find_pattern(session, store, loaded.nodes[seed.index], size, kept, fold)
             tried += pattern.tried if pattern is not None else 0
             if pattern is not None:
                 break
@@ -304,6 +340,8 @@ def _with_pattern(
         return list(nodes), first, fallback, search
     worst = max(pattern.comparisons.values(), key=session.crit.badness)
     marked, at, cause = mark_pattern(nodes, seed, pattern.nodes, worst)
+    if fold:
+        cause = replace(cause, reason=f"{cause.reason}; {_FOLDED}")
     if seed is first:
         first = at
     else:  # the first divergence stays where it is; the window is where the gain is

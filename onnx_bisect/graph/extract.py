@@ -152,16 +152,20 @@ def window_model(
 
 
 def prefix_model(
-    loaded: LoadedModel, position: int, meta: Mapping[str, TensorMeta] | None = None
+    loaded: LoadedModel,
+    position: int,
+    meta: Mapping[str, TensorMeta] | None = None,
+    outputs: Sequence[str] | None = None,
 ) -> onnx.ModelProto:
-    """Nodes before ``position`` only, with the tensors live across that cut as outputs,
-    typed from the model or, where it cannot tell, from ``meta`` (the reference's values).
+    """Nodes before ``position`` only, with the tensors live across that cut as outputs
+    (``outputs``: some of them), typed from the model or, where it cannot tell, from ``meta``
+    (the reference's values).
 
     The target keeps its fusions everywhere except across the cut, which is what lets a
     binary search over positions find a bug that hides whenever its tensors are observed.
     """
     nodes = loaded.nodes[:position]
-    live = live_tensors(loaded, position)
+    live = live_tensors(loaded, position) if outputs is None else list(outputs)
     model, _ = _extract(loaded, nodes, meta or {}, {}, True, live, "prefix")
     return model
 

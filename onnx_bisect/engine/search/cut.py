@@ -8,7 +8,7 @@ its tensors are observed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,20 +52,27 @@ class CutRefused(Exception):
         self.error = error
 
 
-def cut_search(session: Session, store: TensorStore) -> CutResult:
+def cut_search(session: Session, store: TensorStore, kept: Collection[str] = ()) -> CutResult:
     """Find the first position after which the target's live tensors diverge.
 
     Position 0 (nothing computed) is known good and position N (the plain model) known bad, so
     this costs about ⌈log2 N⌉ target runs.
+
+    ``kept``: tensors whose marking changes the target's result (``engine.search.marking``):
+    never marked, so the fusion across them stays whole and shows where its result is read.
+    A constant's live tensor is compared but does not decide a cut: a value the target holds
+    differently (an INT64_MAX Slice end held as 2^31-1) shows downstream if it matters, and
+    otherwise ended the search at the constant (issue 33, a T5 encoder on OpenVINO).
     """
     s, loaded = session, session.loaded
     seen: dict[str, Comparison] = {}
+    skip, constants = set(kept), set(loaded.constants)
 
     def diverged(position: int) -> bool:
-        live = live_tensors(loaded, position)
+        live = [t for t in live_tensors(loaded, position) if t not in skip]
         if not live:
             return False
-        model = prefix_model(loaded, position, store.metas)
+        model = prefix_model(loaded, position, store.metas, live)
         try:
             out = timed_run(s.target, model, s.feeds, "target", s.stats)
         except BackendError as exc:
@@ -74,7 +81,7 @@ def cut_search(session: Session, store: TensorStore) -> CutResult:
         for t in live:
             c = compare_tensors(t, store.get(t), out.get(t), s.crit)
             seen[t] = c
-            found = found or c.diverged
+            found = found or (c.diverged and t not in constants)
         log.debug("cut search: position %d (%d live) %s", position, len(live), found)
         return found
 

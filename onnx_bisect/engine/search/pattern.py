@@ -12,7 +12,7 @@ and compares.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -30,8 +30,8 @@ from onnx_bisect.engine.search.state import (
 )
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
-from onnx_bisect.graph.extract import window_model
-from onnx_bisect.graph.view import LoadedModel, NodeInfo
+from onnx_bisect.graph.extract import window_exits, window_model
+from onnx_bisect.graph.view import METADATA_OPS, LoadedModel, NodeInfo
 from onnx_bisect.result import NodeResult
 
 __all__ = [
@@ -68,18 +68,29 @@ class Pattern:
 
 
 def find_pattern(
-    session: Session, store: TensorStore, start: NodeInfo, max_size: int = MAX_WINDOW
+    session: Session,
+    store: TensorStore,
+    start: NodeInfo,
+    max_size: int = MAX_WINDOW,
+    kept: Collection[str] = (),
+    fold: bool = False,
 ) -> Pattern | None:
     """Smallest window around ``start`` that diverges on the target when fed reference inputs.
 
     Windows of each size are tried backward (producers: a pattern ending at ``start``, such as
     Conv -> Sigmoid -> Mul), forward (consumers: a fused group starting there), and backward
     closed over fan-out (an ancestor with all its readers, so its output is unobserved).
+    ``kept``: tensors whose marking changes the target's result, never a window's exit.
+    ``fold``: tensors the input shapes alone determine are embedded as constants, not fed,
+    as a target folds them at static shapes (a T5 encoder's position bias, which OpenVINO
+    folds into the attention mask's arithmetic), and are no edge of a window.
     """
     loaded = session.loaded
-    for tried, window in enumerate(window_candidates(loaded, store, start, max_size), start=1):
+    folded = shape_determined(loaded) if fold else frozenset()
+    windows = window_candidates(loaded, store, start, max_size, folded)
+    for tried, window in enumerate(windows, start=1):
         nodes = tuple(loaded.nodes[i] for i in window)
-        exits = _run_window(session, store, nodes)
+        exits = _run_window(session, store, nodes, kept, folded)
         if exits is not None and any(c.diverged for c in exits.values()):
             log.debug("pattern: window %s reproduces", [n.name for n in nodes])
             return Pattern(nodes, exits, tried)
@@ -98,27 +109,72 @@ def extreme_gains(nodes: Sequence[NodeResult], skip: str = "") -> list[NodeResul
 
 
 def window_candidates(
-    loaded: LoadedModel, store: TensorStore, start: NodeInfo, max_size: int = MAX_WINDOW
+    loaded: LoadedModel,
+    store: TensorStore,
+    start: NodeInfo,
+    max_size: int = MAX_WINDOW,
+    folded: Collection[str] = frozenset(),
 ) -> Iterator[tuple[int, ...]]:
     """Node-index windows around ``start``, smallest first, each family interleaved.
 
     Edges through constants and shape arithmetic are left out: those are embedded in every
-    window, so none of them needs a slot in one.
+    window, so none of them needs a slot in one (nor do the ``folded`` tensors).
     """
-    producers, consumers = loaded.value_edges(skip=lambda t: is_constant(t, loaded, store))
+    producers, consumers = loaded.value_edges(
+        skip=lambda t: t in folded or is_constant(t, loaded, store)
+    )
     back = backward_windows(start.index, producers, max_size)
     fwd = forward_windows(start.index, consumers, max_size)
     closed = closure_windows(start.index, producers, consumers, max_size)
     return _unique(_interleave(back, fwd, closed))
 
 
+def shape_determined(loaded: LoadedModel) -> frozenset[str]:
+    """Tensors computed from initializers and the graph inputs' shapes alone (Shape, Size, and
+    arithmetic on those and on constants): at the fixed shapes of a run, constants a target
+    may fold into what reads them."""
+    found = set(loaded.initializers) | set(loaded.constants)
+    for n in loaded.nodes:
+        if n.implicit_inputs or n.op_type in _NONDETERMINISTIC:
+            continue
+        if n.op_type in METADATA_OPS or all(t == "" or t in found for t in n.inputs):
+            found.update(o for o in n.outputs if o)
+    return frozenset(found)
+
+
+def _made_outside(loaded: LoadedModel, tensor: str, inside: Collection[str]) -> bool:
+    producer = loaded.producer.get(tensor)
+    return producer is not None and producer.name not in inside
+
+
+_NONDETERMINISTIC = frozenset(
+    {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial"}
+)
+
+
 def _run_window(
-    session: Session, store: TensorStore, nodes: Sequence[NodeInfo]
+    session: Session,
+    store: TensorStore,
+    nodes: Sequence[NodeInfo],
+    kept: Collection[str],
+    folded: Collection[str],
 ) -> dict[str, Comparison] | None:
     loaded = session.loaded
+    outs = [t for t in window_exits(loaded, nodes) if t not in kept]
+    if not outs:
+        return None
+    inside = {n.name for n in nodes}
+    fold = {
+        t: loaded.as_fed(t, store.get(t))
+        for n in nodes
+        for t in n.inputs
+        if t in folded and t in store and _made_outside(loaded, t, inside)
+    }
     model, feeds = reference_fed(
         loaded, store, session.feeds, nodes,
-        lambda metas, constants: window_model(loaded, nodes, metas, constants)[:2],
+        lambda metas, constants: window_model(
+            loaded, nodes, metas, {**constants, **fold}, outs
+        )[:2],
     )  # fmt: skip
     try:
         out = timed_run(session.target, model, feeds, "target", session.stats)
