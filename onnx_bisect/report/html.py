@@ -118,6 +118,16 @@ def _summary(r: BisectResult) -> list[str]:
                 "</tr>"
             )
         out.append("</tbody></table>")
+    facts = _facts(r)
+    if facts:
+        out.append('<dl class="facts">')
+        out += [f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts]
+        out.append("</dl>")
+    return out
+
+
+def _facts(r: BisectResult) -> list[tuple[str, str]]:
+    """The summary's list of facts: modes, the first divergence, the root cause, the rest."""
     facts: list[tuple[str, str]] = []
     if precision := precision_phrase(r):
         facts.append(("Precision", escape(precision)))
@@ -167,11 +177,7 @@ def _summary(r: BisectResult) -> list[str]:
     if r.notes:
         items = "".join(f"<li>{escape(n)}</li>" for n in r.notes)
         facts.append(("Notes", f"<ul>{items}</ul>"))
-    if facts:
-        out.append('<dl class="facts">')
-        out += [f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts]
-        out.append("</dl>")
-    return out
+    return facts
 
 
 def _node(n: NodeResult) -> str:
