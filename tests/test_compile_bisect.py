@@ -57,8 +57,11 @@ def test_a_wrong_inductor_lowering_is_named(
     exp = torch.ops.aten.exp.default
     right, mul = lowering.lowerings[exp], lowering.lowerings[torch.ops.aten.mul.Tensor]
     monkeypatch.setitem(lowering.lowerings, exp, lambda a: right(mul(a, 1.01)))
+    # A kernel cached on disk by an earlier compile (a worker's) would bypass the plant.
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False, raising=False)
     model = _tiny(tmp_path / "tiny.onnx")
-    result = onnx_bisect.bisect(model, target="torch:cpu?compile=inductor")
+    # In this process: the planted lowering is a patch of this process's inductor.
+    result = onnx_bisect.bisect(model, target="torch:cpu?compile=inductor", isolate_crashes=False)
     pb = result.pass_bisection
     assert result.diverged and pb is not None and pb.outcome is PassOutcome.GUILTY, pb
     details = dict(pb.details)
@@ -105,7 +108,11 @@ def test_a_config_flip_that_fixes_inductor_is_named_with_its_line(
         return right(a) if config.fallback_random else right(mul(a, 1.01))
 
     monkeypatch.setitem(lowering.lowerings, exp, planted)
-    result = onnx_bisect.bisect(_tiny(tmp_path / "tiny.onnx"), target="torch:cpu?compile=inductor")
+    # A kernel cached on disk by an earlier compile (a worker's) would bypass the plant.
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False, raising=False)
+    result = onnx_bisect.bisect(
+        _tiny(tmp_path / "tiny.onnx"), target="torch:cpu?compile=inductor", isolate_crashes=False
+    )
     pb = result.pass_bisection
     assert result.diverged and pb is not None and pb.outcome is PassOutcome.GUILTY, pb
     line = "torch._inductor.config.fallback_random = True"

@@ -138,7 +138,10 @@ def test_a_compiler_of_2_s_per_model_is_localized_in_12_compiles_shown_per_stage
     assert sum(by_stage.values()) == len(runs)
     assert report["runs"]["target"] == len(runs) - 1
     assert not report["target"]["compiles"]  # an exec: runtime does not say
-    said = f"target runs by stage: screen 1, bisect {by_stage['bisect']}, repro check 1"
+    said = (
+        f"target runs by stage: screen 1, bisect {by_stage['bisect']} "
+        f"({1 + by_stage['bisect']} in all); and 1 by the repro bundle's own repro.py"
+    )
     assert said in " ".join(res.output.split())
     assert said in (out / "report.md").read_text()
 
@@ -169,7 +172,10 @@ def test_an_exec_compiler_that_declares_it_gets_the_compile_counting_search(
     by_stage = report["target_runs_by_stage"]
     assert by_stage == {"screen": 1, "bisect": len(runs) - 2, "repro check": 1}
     assert len(runs) <= 1 + 10 + 1
-    said = f"target compiles by stage: screen 1, bisect {by_stage['bisect']}, repro check 1"
+    said = (
+        f"target compiles by stage: screen 1, bisect {by_stage['bisect']} "
+        f"({1 + by_stage['bisect']} in all); and 1 by the repro bundle's own repro.py"
+    )
     assert said in " ".join(res.output.split())
 
 

@@ -601,7 +601,8 @@ def test_the_float64_oracle_runs_on_a_large_external_data_model_while_it_loads(
     assert len(oracle) == 1, report["notes"]
     # torch in float64, and no reason why another was not used (an oracle that failed first).
     assert re.fullmatch(
-        r"--threshold auto: float64 values from torch \S+ cpu dtype=float64 threads=\d+", oracle[0]
+        r"--threshold auto: float64 values from torch \S+ cpu dtype=float64 threads=\d+ fallback=1",
+        oracle[0],
     )
     assert_left_nothing(tmp_path, llama_model, out)
 
