@@ -35,7 +35,7 @@ from onnx_bisect.engine.precision import (
 )
 from onnx_bisect.engine.quant.prelude import prepare_early
 from onnx_bisect.engine.quant.steps import GRIDS, IntegerGrids, integer_grids, one_model_report
-from onnx_bisect.engine.recorded import run_feeds
+from onnx_bisect.engine.recorded import option_feeds
 from onnx_bisect.engine.search.failure import failure_search
 from onnx_bisect.engine.session import Feeds, Session, Setup, StageTimer
 from onnx_bisect.engine.strategies import STRATEGIES, choose
@@ -109,17 +109,7 @@ def prepare(
         ref_in_child = None if options.isolate_crashes else False
         ref_b = _backend(ref, in_child=ref_in_child, timeout=None)
         tgt_b = _backend(target, in_child=options.isolate_crashes, timeout=options.timeout)
-        feeds = run_feeds(
-            loaded.model,
-            (ref_b, tgt_b),
-            inputs=options.inputs,
-            shapes=options.shapes,
-            seed=options.seed,
-            values=options.values,
-            ranges=options.ranges,
-            max_memory=options.max_memory,
-            allow_nonfinite=options.allow_nonfinite,
-        )
+        feeds = option_feeds(loaded.model, (ref_b, tgt_b), options)
         other = load_model(options.target_model) if options.target_model is not None else None
         label = str(other.path or IN_MEMORY) if other else ""
         records: list[TransformRecord] = []

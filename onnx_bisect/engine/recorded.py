@@ -13,8 +13,9 @@ import onnx
 from onnx_bisect.backends.protocol import Backend, Tensors
 from onnx_bisect.errors import InputError
 from onnx_bisect.inputs.feeds import Feeds, input_specs, make_feeds, validate_feeds
+from onnx_bisect.options import BisectOptions
 
-__all__ = ["run_feeds"]
+__all__ = ["option_feeds", "run_feeds"]
 
 
 def run_feeds(
@@ -89,3 +90,20 @@ def _recorded_feeds(
 
 def _dims(shape: Sequence[int]) -> str:
     return "x".join(str(d) for d in shape)
+
+
+def option_feeds(
+    model: onnx.ModelProto, backends: Sequence[Backend], options: BisectOptions
+) -> Feeds:
+    """``run_feeds`` with the inputs' options of a diagnosis (a PyTorch reference's too)."""
+    return run_feeds(
+        model,
+        backends,
+        inputs=options.inputs,
+        shapes=options.shapes,
+        seed=options.seed,
+        values=options.values,
+        ranges=options.ranges,
+        max_memory=options.max_memory,
+        allow_nonfinite=options.allow_nonfinite,
+    )

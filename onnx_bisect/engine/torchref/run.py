@@ -18,7 +18,7 @@ from onnx_bisect.backends.spec import BackendSpec, parse_spec
 from onnx_bisect.compare.criterion import Comparison, Criterion
 from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.engine.diagnose import node_sources
-from onnx_bisect.engine.recorded import run_feeds
+from onnx_bisect.engine.recorded import option_feeds
 from onnx_bisect.engine.session import StageTimer
 from onnx_bisect.engine.torchref.capture import Captured, capture, load_torch_ref
 from onnx_bisect.engine.torchref.cause import Cause, module_cause, module_window, training_ops
@@ -64,17 +64,7 @@ def bisect_torch(
     with timer.stage("load"):
         loaded = load_model(model)
         tgt = target if not isinstance(target, str | BackendSpec) else _backend(target)
-        feeds = run_feeds(
-            loaded.model,
-            (tgt,),
-            inputs=opts.inputs,
-            shapes=opts.shapes,
-            seed=opts.seed,
-            values=opts.values,
-            ranges=opts.ranges,
-            max_memory=opts.max_memory,
-            allow_nonfinite=opts.allow_nonfinite,
-        )
+        feeds = option_feeds(loaded.model, (tgt,), opts)
         torch_model = load_torch_ref(ref)
     with timer.stage("torch"):
         got = capture(torch_model, feeds, loaded.inputs)
