@@ -238,6 +238,7 @@ def _repro(session: Session, found: Found, out_dir: Path) -> ReproInfo:
         scan(session, store, observe_target=False)
     cause, first = found.cause, found.first
     start = cause.nodes if cause and cause.nodes else ((first.name,) if first else ())
+    start = found.bundle_from or start
     symptom = SYMPTOMS.get(cause.kind, "divergence") if cause is not None else "divergence"
     job = BundleJob(
         session,

@@ -235,6 +235,8 @@ class RootCause:
     model_message: str = ""
     # The workaround was run on the whole model and agrees with the reference at fp32 noise.
     workaround_verified: bool = False
+    # Where the target gives up, where not the node named (which lost a rank: search/typeloss).
+    fails_at: str = ""
 
     @property
     def is_bug(self) -> bool:
@@ -251,6 +253,7 @@ class RootCause:
             "workaround": self.workaround or None,
             "workaround_verified": self.workaround_verified,
             "model_message": self.model_message,
+            "fails_at": self.fails_at or None,
         }
 
 

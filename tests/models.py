@@ -249,3 +249,41 @@ def mlp(width: int = 16, hidden: int = 32, out: int = 8, seed: int = 0) -> onnx.
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, out])],
         inits,
     )
+
+
+def squeeze_if_conv() -> onnx.ModelProto:
+    """x[n, 4, 5] -> Relu -> If (n == 1: Squeeze axis 0; else Identity) -> Unsqueeze axis 0 ->
+    Conv: PyTorch's "squeeze where the dim is 1" as silero-vad exports it. The branches give
+    rank 2 and rank 3, so OpenVINO's frontend types the If's output with no rank ("[...]") and
+    refuses the Conv ("The input data tensor's rank has to be known (static)"), though every
+    prefix before the Conv runs (at the fed shapes the If folds) and the Conv runs alone."""
+    then_g = helper.make_graph(
+        [helper.make_node("Squeeze", ["h", "zero_axis"], ["squeezed"], name="squeeze")],
+        "then", [], [helper.make_tensor_value_info("squeezed", TensorProto.FLOAT, [4, 5])],
+    )  # fmt: skip
+    else_g = helper.make_graph(
+        [helper.make_node("Identity", ["h"], ["kept"], name="keep")],
+        "else", [], [helper.make_tensor_value_info("kept", TensorProto.FLOAT, ["n", 4, 5])],
+    )  # fmt: skip
+    w = np.linspace(-1, 1, 4 * 4 * 3, dtype=np.float32).reshape(4, 4, 3)
+    inits = [
+        numpy_helper.from_array(w, "W"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero_axis"),
+        numpy_helper.from_array(np.array(1, np.int64), "one"),
+    ]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["h"], name="relu"),
+        helper.make_node("Shape", ["h"], ["n"], name="shape", end=1),
+        helper.make_node("Equal", ["n", "one"], ["single"], name="single"),
+        helper.make_node(
+            "If", ["single"], ["b"], name="squeeze_if", then_branch=then_g, else_branch=else_g
+        ),
+        helper.make_node("Unsqueeze", ["b", "zero_axis"], ["u"], name="unsqueeze"),
+        helper.make_node("Conv", ["u", "W"], ["y"], name="conv", pads=[1, 1]),
+    ]
+    return make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 5])],
+        inits,
+    )

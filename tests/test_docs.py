@@ -855,6 +855,7 @@ def test_report_format_doc_names_every_field(tmp_path: Path) -> None:
         "workaround": None,  # a precision the runtime chose: its fp32 spec
         "workaround_verified": False,  # that spec agrees on the whole model
         "model_message": "",  # the full model's own words, where a prefix said other
+        "fails_at": None,  # where the target gives up, when not the node named
         # A TorchScript-style scoped name gives the module path alone.
         "source": {"module": "down1.conv", "class": None, "file": None, "line": None,
                    "code": None},

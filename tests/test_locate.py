@@ -77,6 +77,7 @@ def test_planted_conv_fault_exec_runtime(py: str, tmp_path) -> None:
         "workaround": None,
         "workaround_verified": False,
         "model_message": "",
+        "fails_at": None,
         # The node's scoped name, /down1/conv/Conv, gives its module path.
         "source": {"module": "down1.conv", "class": None, "file": None, "line": None,
                    "code": None},

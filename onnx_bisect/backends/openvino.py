@@ -19,6 +19,7 @@ import onnx
 
 from onnx_bisect.backends.protocol import BackendBase, Tensors
 from onnx_bisect.backends.spec import BackendSpec
+from onnx_bisect.backends.static_view import StaticType
 from onnx_bisect.compare.precision import PrecisionInfo, parse_precision
 from onnx_bisect.errors import BackendUnavailableError, SpecError
 from onnx_bisect.graph.save import save_model
@@ -45,6 +46,33 @@ def default_precision(device: str = "CPU") -> str:
     hint = _core().get_property(device, "INFERENCE_PRECISION_HINT")
     name = hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint)
     return str(name)
+
+
+def _read(core: Any, model: onnx.ModelProto) -> Any:
+    """``model`` read by OpenVINO's ONNX frontend (every node converted)."""
+    size = model_bytes(model)
+    if not size.external and size.message < _BYTES_LIMIT:
+        # Straight from memory: a temp-file round trip costs more than the parse.
+        return core.read_model(io.BytesIO(model.SerializeToString()))
+    # From a file, its external weights linked beside it (OpenVINO reads them from the
+    # model's directory only).
+    with tempfile.TemporaryDirectory(prefix="onnx-bisect-ov-") as tmp:
+        return core.read_model(str(save_model(model, Path(tmp))))
+
+
+def _static_type(port: Any) -> StaticType:
+    """An output port's element type and partial shape, "[...]" where the rank is dynamic."""
+    element, shape = port.get_element_type(), port.get_partial_shape()
+    dtype = None
+    if element.is_static():
+        try:
+            dtype = np.dtype(element.to_dtype())
+        except (TypeError, ValueError, RuntimeError):  # a type numpy lacks (bf16, u4)
+            dtype = None
+    dims = None
+    if shape.rank.is_static:
+        dims = tuple(d.get_length() if d.is_static else None for d in shape)
+    return StaticType(dtype, dims, f"{element.get_type_name()} {shape}")
 
 
 class OpenVinoBackend(BackendBase):
@@ -76,15 +104,7 @@ class OpenVinoBackend(BackendBase):
 
     def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
         core = _core()
-        size = model_bytes(model)
-        if not size.external and size.message < _BYTES_LIMIT:
-            # Straight from memory: a temp-file round trip costs more than the parse.
-            ov_model = core.read_model(io.BytesIO(model.SerializeToString()))
-        else:
-            # From a file, its external weights linked beside it (OpenVINO reads them from
-            # the model's directory only).
-            with tempfile.TemporaryDirectory(prefix="onnx-bisect-ov-") as tmp:
-                ov_model = core.read_model(str(save_model(model, Path(tmp))))
+        ov_model = _read(core, model)
         wanted = {p.get_any_name() for p in ov_model.inputs}
         feeds = {k: v for k, v in feeds.items() if k in wanted}
         # Static shapes let the CPU plugin pick its fast kernels, as a deployment would.
@@ -105,6 +125,17 @@ class OpenVinoBackend(BackendBase):
             if i < len(names) and names[i] not in out:
                 out[names[i]] = value
         return out
+
+    def static_types(
+        self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]
+    ) -> dict[str, StaticType] | None:
+        """Each graph output as OpenVINO's ONNX frontend types it on reading the model, before
+        the reshape to the fed shapes that a run does: what the conversion of every later node
+        is given (the frontend refuses a Conv whose input rank it does not know, whatever
+        shapes are fed later). By position, as ``_run`` maps outputs."""
+        ov_model = self._wrapped(lambda: _read(_core(), model))
+        names = [o.name for o in model.graph.output]
+        return {n: _static_type(p) for n, p in zip(names, ov_model.outputs, strict=False)}
 
     def computes_in(self) -> PrecisionInfo | None:
         if self.precision is not None:

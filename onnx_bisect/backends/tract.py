@@ -25,10 +25,11 @@ import onnx
 
 from onnx_bisect.backends.protocol import BackendBase, Tensors
 from onnx_bisect.backends.spec import BackendSpec
+from onnx_bisect.backends.static_view import StaticType
 from onnx_bisect.errors import BackendUnavailableError, SpecError
 from onnx_bisect.graph.save import save_model
 
-__all__ = ["TractBackend", "input_fact", "without_value_info"]
+__all__ = ["TractBackend", "input_fact", "parse_fact", "without_value_info"]
 
 
 def without_value_info(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -84,37 +85,83 @@ class TractBackend(BackendBase):
 
     def _tract_run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
         tract = _tract()
-        initializers = {t.name for t in model.graph.initializer}
-        fed = {
-            i.name: feeds[i.name]
-            for i in model.graph.input
-            if i.name not in initializers and i.name in feeds
-        }
         names = [o.name for o in model.graph.output]
-        # The bindings load from a path only (no bytes API), so the copy goes through a file.
         with tempfile.TemporaryDirectory(prefix="onnx-bisect-tract-") as tmp:
-            inference = tract.onnx().load(str(save_model(without_value_info(model), Path(tmp))))
-            # tract's own list of inputs, in its order, each typed from its array.
-            order = [inference.input_name(i) for i in range(inference.input_count())]
-            missing = [n for n in order if n not in fed]
-            if missing:
-                raise RuntimeError(f"no value for input(s) {', '.join(missing)}")
-            for i, name in enumerate(order):
-                inference.set_input_fact(i, input_fact(fed[name]))
+            inference, fed = _inference(tract, model, feeds, Path(tmp))
             runnable = inference.into_model().into_runnable()
         count = runnable.output_count()
         if count != len(names):
             raise RuntimeError(f"tract has {count} output(s), the model {len(names)}")
         # As they are: tract copies them, and keeps 0-d arrays scalars (ascontiguousarray won't).
-        results = runnable.run([np.asarray(fed[n]) for n in order])
+        results = runnable.run(fed)
         # Outputs come back by position, named after their nodes: map them to tensor names.
         return {name: _to_numpy(tract, r) for name, r in zip(names, results, strict=True)}
+
+    def static_types(
+        self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]
+    ) -> dict[str, StaticType] | None:
+        """Each graph output as tract's analysis types it, the inputs typed from ``feeds`` as a
+        run types them (by position, as ``_tract_run`` maps outputs)."""
+
+        def analysed() -> dict[str, StaticType]:
+            names = [o.name for o in model.graph.output]
+            with tempfile.TemporaryDirectory(prefix="onnx-bisect-tract-") as tmp:
+                inference, _ = _inference(_tract(), model, feeds, Path(tmp))
+                inference.analyse()
+                facts = [str(inference.output_fact(i)) for i in range(inference.output_count())]
+            return {n: parse_fact(f) for n, f in zip(names, facts, strict=False)}
+
+        return self._wrapped(analysed)
 
     def describe(self) -> str:
         return f"tract {_version()} (CPU)"
 
     def versions(self) -> dict[str, str]:
         return {"tract": _version()}
+
+
+def _inference(
+    tract: Any, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]], tmp: Path
+) -> tuple[Any, list[npt.NDArray[Any]]]:
+    """tract's inference model of ``model`` with each input's fact set from the array fed to
+    it, and those arrays in tract's order of inputs."""
+    initializers = {t.name for t in model.graph.initializer}
+    fed = {
+        i.name: feeds[i.name]
+        for i in model.graph.input
+        if i.name not in initializers and i.name in feeds
+    }
+    # The bindings load from a path only (no bytes API), so the copy goes through a file.
+    inference = tract.onnx().load(str(save_model(without_value_info(model), tmp)))
+    # tract's own list of inputs, in its order, each typed from its array.
+    order = [inference.input_name(i) for i in range(inference.input_count())]
+    missing = [n for n in order if n not in fed]
+    if missing:
+        raise RuntimeError(f"no value for input(s) {', '.join(missing)}")
+    for i, name in enumerate(order):
+        inference.set_input_fact(i, input_fact(fed[name]))
+    return inference, [np.asarray(fed[n]) for n in order]
+
+
+# tract's element types by their names in a fact ("1,4,f32"); TDim is its shape arithmetic,
+# int64 in ONNX.
+_FACT_TYPES = {
+    **{f"{k}{b}": np.dtype(f"{k}{b // 8}") for k in "iu" for b in (8, 16, 32, 64)},
+    **{f"f{b}": np.dtype(f"f{b // 8}") for b in (16, 32, 64)},
+    "bool": np.dtype(bool),
+    "TDim": np.dtype(np.int64),
+}
+
+
+def parse_fact(fact: str) -> StaticType:
+    """tract's fact ("1,?,f32"; "..,?" where neither rank nor type is known) as a
+    ``StaticType``: ".." among the dimensions is an unknown rank, "?" an unknown size or type,
+    a symbol (``N``) an unknown size."""
+    *dims, kind = fact.split(",")
+    shape = None
+    if ".." not in dims:
+        shape = tuple(int(d) if d.isdigit() else None for d in dims)
+    return StaticType(_FACT_TYPES.get(kind), shape, fact)
 
 
 def _tract() -> Any:

@@ -2,7 +2,7 @@
 or a Rust panic ends a child, not the tool.
 
 ``WorkerBackend`` wraps the backend built here (which answers for its spec, versions,
-precision and passes, and never runs) and sends every run to a child, ``python -m
+precision, passes and static types, and never runs) and sends every run to a child, ``python -m
 onnx_bisect.backends.serve SPEC``, over a pipe: the model written for the child
 (``save_for_child``: weights stay where they are), the feeds and the outputs as .npz files in
 the child's own folder, one JSON line each way.
@@ -44,6 +44,7 @@ from onnx_bisect.backends.exec import exited
 from onnx_bisect.backends.passes import PassControl, supports_passes
 from onnx_bisect.backends.protocol import Backend, BackendBase, Tensors, computes_in
 from onnx_bisect.backends.spec import BackendSpec
+from onnx_bisect.backends.static_view import StaticType, static_types
 from onnx_bisect.compare.precision import PrecisionInfo
 from onnx_bisect.errors import (
     BackendCrash,
@@ -193,6 +194,14 @@ class WorkerBackend(BackendBase):
 
     def pass_control(self, declared: Sequence[str]) -> PassControl | None:
         return supports_passes(self.inner, declared)
+
+    def static_types(
+        self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]
+    ) -> dict[str, StaticType] | None:
+        # Read here, not in a child: the failure search asks it only of a prefix whose nodes
+        # the child has read and run already (each smaller prefix runs), so reading them
+        # cannot crash this process where it did not crash the child.
+        return static_types(self.inner, model, feeds)
 
 
 def _stop_all(live: set[_Worker]) -> None:

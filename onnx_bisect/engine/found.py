@@ -38,3 +38,6 @@ class Found:
     # them fails (the failure search's check): the failure needs their ancestors, so a bundle
     # of one alone, or of it with nodes after it, is not run.
     ran_alone: tuple[str, ...] = ()
+    # The nodes a repro bundle starts from where not the root cause's alone: the node that
+    # loses a tensor's rank, the path of that tensor and the node that fails on it.
+    bundle_from: tuple[str, ...] = ()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from onnx_bisect.backends.unsupported import unsupported
@@ -24,6 +24,7 @@ from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.search.cut import search_info
 from onnx_bisect.engine.search.state import CutSearch
 from onnx_bisect.engine.search.typecheck import TypeChange, type_change
+from onnx_bisect.engine.search.typeloss import TypeLoss, type_loss
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendCrash, BackendError
 from onnx_bisect.graph.extract import identity_model, prefix_model
@@ -108,7 +109,7 @@ def failure_search(
             model_message=model_message,
         )
         note = f"the target crashes when this node is in the model: {message}"
-        rows = _rows(loaded.nodes, node, Verdict.CRASHED, note)
+        rows = _rows(loaded.nodes, {node.index: (Verdict.CRASHED, note)})
         return Found("crash-bisect", rows, rows[node.index], cause, search)
     if isinstance(error, TypeChange):
         return _type_found(node, error, own, search, loaded.nodes)
@@ -167,6 +168,12 @@ def _error_found(
     kind = CauseKind.UNSUPPORTED if unsupported(message) else CauseKind.ERROR
     verdict = Verdict.UNSUPPORTED if kind is CauseKind.UNSUPPORTED else Verdict.FAILED
     what = "cannot run" if kind is CauseKind.UNSUPPORTED else "fails on"
+    if checked and alone is None and store is not None:
+        # It runs alone: what it is fed in the model differs. A rank or a type the target
+        # lost upstream (its static view) names the node that lost it.
+        loss = type_loss(s, loaded, node, store)
+        if loss is not None:
+            return _loss_found(node, loss, kind, message, search, loaded.nodes, store)
     reason = (
         f"the target {what} {node.op_type} {node.name!r}: it fails whenever the node is in the "
         f"model{_smaller(node, ' ')}"
@@ -178,7 +185,7 @@ def _error_found(
             "; fed the reference's inputs it runs alone, so the failure needs the graph before "
             "it (a shape, a dtype or a fusion the runtime derives there)"
         )
-    rows = _rows(loaded.nodes, node, verdict, message)
+    rows = _rows(loaded.nodes, {node.index: (verdict, message)})
     cause = RootCause(kind, (node.name,), reason, message)
     strategy = "failure-bisect"
     failed_alone = (node.name,) if checked and alone is not None else ()
@@ -198,16 +205,61 @@ def _type_found(
         f"{change}; it runs every smaller prefix of the graph, and fails on the full model "
         "where a later node is fed that tensor"
     )
-    rows = _rows(nodes, node, Verdict.FAILED, str(change))
+    rows = _rows(nodes, {node.index: (Verdict.FAILED, str(change))})
     cause = RootCause(CauseKind.ERROR, (node.name,), reason, said)
     return Found("failure-bisect", rows, rows[node.index], cause, search)
 
 
+def _loss_found(
+    failing: NodeInfo,
+    loss: TypeLoss,
+    kind: CauseKind,
+    message: str,
+    search: SearchInfo,
+    nodes: Sequence[NodeInfo],
+    store: TensorStore,
+) -> Found:
+    """``failing`` runs alone but fails in the model, fed a tensor whose rank or type the
+    target lost at ``loss.node``: that node is named, ``failing`` is where the target gives
+    up (in the reason, in ``fails_at``, and in its row)."""
+    root = loss.node
+    between = loss.path[1:]
+    through = f" through {_listed(between)}" if between else ""
+    what = "cannot run" if kind is CauseKind.UNSUPPORTED else "fails on"
+    reason = (
+        f"as it reads the model, before any run, the target {loss.words}, and types every "
+        f"input of that {root.op_type} right; {failing.op_type} {failing.name!r} reads that "
+        f"tensor{through} and is where the target gives up: it {what} it whenever the node is "
+        f"in the model{_smaller(failing, ' ')}, though fed the reference's inputs it runs alone"
+    )
+    verdict = Verdict.UNSUPPORTED if kind is CauseKind.UNSUPPORTED else Verdict.FAILED
+    note = f"the target {loss.words}; {failing.op_type} {failing.name!r} fails on it"
+    marks = {root.index: (Verdict.FAILED, note)}
+    marks[failing.index] = (verdict, message)
+    rows = _rows(nodes, marks)
+    cause = RootCause(kind, (root.name,), reason, message, fails_at=failing.name)
+    return Found(
+        "failure-bisect", rows, rows[root.index], cause, search, store=store,
+        ran_alone=(failing.name,), bundle_from=tuple(n.name for n in (*loss.path, failing)),
+    )  # fmt: skip
+
+
+def _listed(nodes: Sequence[NodeInfo], most: int = 4) -> str:
+    """Nodes by op and name, the first ``most`` of them."""
+    named = [f"{n.op_type} {n.name!r}" for n in nodes[:most]]
+    rest = len(nodes) - most
+    return ", ".join(named) + (f" and {rest} more" if rest > 0 else "")
+
+
 def _rows(
-    nodes: Sequence[NodeInfo], node: NodeInfo, verdict: Verdict, note: str
+    nodes: Sequence[NodeInfo], marks: Mapping[int, tuple[Verdict, str]]
 ) -> tuple[NodeResult, ...]:
+    """A row per node: those ``marks`` names by index with their verdict and note, the rest
+    not probed."""
     return tuple(
-        NodeResult.of(n, verdict, note=note) if n is node else NodeResult.of(n, Verdict.NOT_PROBED)
+        NodeResult.of(n, marks[n.index][0], note=marks[n.index][1])
+        if n.index in marks
+        else NodeResult.of(n, Verdict.NOT_PROBED)
         for n in nodes
     )
 
