@@ -7,13 +7,20 @@ an input of unknown rank that an If with branches of two ranks gives)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
+import onnx
 import pytest
 from typer.testing import CliRunner
 
 import onnx_bisect
+from onnx_bisect.backends.protocol import BackendBase, Tensors
+from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.backends.static_view import StaticType
 from onnx_bisect.cli import bisect_app
 from onnx_bisect.engine.search.typeloss import lost_type, walk_loss
@@ -28,8 +35,8 @@ REASON = (
     "output 'b': it types it f32 [...] where the reference's value has rank 2 (4, 5), and "
     "types every input of that If right; Conv 'conv' reads that tensor through Unsqueeze "
     "'unsqueeze' and is where the target gives up: it cannot run it whenever the node is in "
-    "the model and runs every smaller prefix of the graph, though fed the reference's inputs "
-    "it runs alone"
+    "the model and runs every smaller prefix of the graph; fed the reference's inputs it runs "
+    "alone, and fails alone once that input is declared as the target types it"
 )
 
 
@@ -72,6 +79,62 @@ def test_the_walk_names_the_first_node_whose_inputs_are_typed_right() -> None:
     # A failing node that reads nothing typed wrong: nothing to name upstream.
     assert walk_loss(loaded, nodes["mm1"], words) is None
     assert walk_loss(loaded, nodes["act0"], words) is None
+
+
+class RankLosing(BackendBase):
+    """ORT CPU whose static view types ``h1`` and ``a1`` of ``chain(3)`` with no rank, and
+    that refuses ``mm2`` whenever its input ``a1`` is computed in the model (as OpenVINO
+    refuses a Conv fed an If's rank-less output) or, with ``rankless``, declared with no rank."""
+
+    def __init__(self, *, rankless: bool) -> None:
+        super().__init__(BackendSpec(text="rank-losing", name="rank-losing"))
+        self.rankless, self.inner = rankless, create_backend("cpu")
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        node = next((n for n in model.graph.node if n.name == "mm2"), None)
+        if node is not None:
+            made = {o for n in model.graph.node for o in n.output}
+            declared = {i.name: i for i in model.graph.input}
+            operand = node.input[0]
+            shapeless = operand in declared and not declared[operand].type.tensor_type.HasField(
+                "shape"
+            )
+            if operand in made or (self.rankless and shapeless):
+                raise RuntimeError("mm2: the input's rank has to be known (static)")
+        return self.inner.run(model, feeds)
+
+    def static_types(
+        self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]
+    ) -> dict[str, StaticType]:
+        lost = {"h1", "a1"}
+        return {
+            o.name: StaticType(F32, None if o.name in lost else (1, 8), "?")
+            for o in model.graph.output
+        }
+
+
+def test_a_loss_the_failing_node_alone_confirms_is_named_and_one_it_does_not_is_not() -> None:
+    """Where the failing node alone, its input declared with no rank, fails too, the node
+    that lost the rank is named; where it runs, the rank is not what it fails on, and the
+    failing node is named as before ("needs the graph before it")."""
+    named = onnx_bisect.bisect(
+        chain(3), target=RankLosing(rankless=True), threshold=1e-3, repro=None
+    )
+    cause = named.root_cause
+    assert cause is not None and cause.nodes == ("mm1",) and cause.fails_at == "mm2", cause
+    assert cause.kind is CauseKind.ERROR
+    assert cause.reason.startswith(
+        "as it reads the model, before any run, the target loses the rank of MatMul 'mm1' "
+        "output 'h1': it types it ? where the reference's value has rank 2 (1, 8), and types "
+        "every input of that MatMul right; MatMul 'mm2' reads that tensor through Tanh 'act1'"
+    )
+    assert cause.reason.endswith("once that input is declared as the target types it")
+    kept = onnx_bisect.bisect(
+        chain(3), target=RankLosing(rankless=False), threshold=1e-3, repro=None
+    )
+    cause = kept.root_cause
+    assert cause is not None and cause.nodes == ("mm2",) and cause.fails_at == "", cause
+    assert "needs the graph before it" in cause.reason
 
 
 def test_tract_types_a_constant_of_shape_without_value_float64() -> None:

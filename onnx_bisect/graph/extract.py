@@ -34,6 +34,7 @@ __all__ = [
     "isolation_model",
     "live_tensors",
     "prefix_model",
+    "retyped_input",
     "strict_copy",
     "window_exits",
     "window_model",
@@ -168,6 +169,21 @@ def prefix_model(
     live = live_tensors(loaded, position) if outputs is None else list(outputs)
     model, _ = _extract(loaded, nodes, meta or {}, {}, True, live, "prefix")
     return model
+
+
+def retyped_input(
+    model: onnx.ModelProto, name: str, elem_type: int, dims: Sequence[int | None] | None
+) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph input ``name`` is declared with ``elem_type`` and
+    ``dims`` (None: no shape, so the rank is unknown; a None dimension: a size unknown): a node
+    read as a runtime would read it, fed a tensor typed as that runtime typed it upstream."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for i, v in enumerate(out.graph.input):
+        if v.name == name:
+            shape = None if dims is None else list(dims)
+            out.graph.input[i].CopyFrom(helper.make_tensor_value_info(name, elem_type, shape))
+    return out
 
 
 def live_tensors(loaded: LoadedModel, position: int) -> list[str]:

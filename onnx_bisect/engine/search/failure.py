@@ -230,8 +230,10 @@ def _loss_found(
         f"as it reads the model, before any run, the target {loss.words}, and types every "
         f"input of that {root.op_type} right; {failing.op_type} {failing.name!r} reads that "
         f"tensor{through} and is where the target gives up: it {what} it whenever the node is "
-        f"in the model{_smaller(failing, ' ')}, though fed the reference's inputs it runs alone"
+        f"in the model{_smaller(failing, ' ')}; fed the reference's inputs it runs alone"
     )
+    if loss.confirmed:
+        reason += ", and fails alone once that input is declared as the target types it"
     verdict = Verdict.UNSUPPORTED if kind is CauseKind.UNSUPPORTED else Verdict.FAILED
     note = f"the target {loss.words}; {failing.op_type} {failing.name!r} fails on it"
     marks = {root.index: (Verdict.FAILED, note)}

@@ -14,18 +14,23 @@ the rank (or the element type) is lost.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
+import onnx
+from onnx import helper
 
 from onnx_bisect.backends.static_view import StaticType, static_types
+from onnx_bisect.engine.measure.operands import reference_fed
+from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.session import Session
-from onnx_bisect.errors import BackendError
-from onnx_bisect.graph.extract import prefix_model
-from onnx_bisect.graph.view import LoadedModel, NodeInfo
+from onnx_bisect.errors import BackendCrash, BackendError
+from onnx_bisect.graph.extract import isolation_model, prefix_model, retyped_input
+from onnx_bisect.graph.view import LoadedModel, NodeInfo, TensorMeta
 
 __all__ = ["TypeLoss", "lost_type", "type_loss", "walk_loss"]
 
@@ -34,12 +39,16 @@ __all__ = ["TypeLoss", "lost_type", "type_loss", "walk_loss"]
 class TypeLoss:
     """``node``'s output ``tensor`` is typed wrong by the target before it runs (``words``
     say how), though every input of ``node`` is typed right; ``path``: the nodes from ``node``
-    to the failing node's input, along the tensors typed wrong."""
+    to the failing node's input, along the tensors typed wrong; ``read``: the tensor typed
+    wrong that the failing node reads. ``confirmed``: how the failing node alone, that input
+    declared as the target types it, failed too ("" where that check does not apply)."""
 
     node: NodeInfo
     tensor: str
     words: str
     path: tuple[NodeInfo, ...]
+    read: str
+    confirmed: str = ""
 
 
 def type_loss(
@@ -70,7 +79,19 @@ def type_loss(
         subject = f"{node.op_type} {node.name!r} output {tensor!r}"
         return lost_type(seen, loaded.dtypes.get(tensor, meta.dtype), meta.shape, subject)
 
-    return walk_loss(loaded, failing, lost)
+    loss = walk_loss(loaded, failing, lost)
+    if loss is None:
+        return None
+    seen, meta = view[loss.read], store.metas[loss.read]
+    dtype = loaded.dtypes.get(loss.read, meta.dtype)
+    other = seen.dtype if seen.dtype is not None and _other_dtype(seen.dtype, dtype) else None
+    if seen.shape is not None and other is None:
+        return loss  # another rank or size: no value of the reference's fits it, not checked
+    # The failing node alone, its input declared as the target types it (no rank, or another
+    # element type): failing there too shows that is what it fails on; running, it is not.
+    typed = _Declared(other or dtype, None if seen.shape is None else meta.shape)
+    said = _fails_typed(session, loaded, store, failing, loss.read, typed)
+    return replace(loss, confirmed=said) if said else None
 
 
 def walk_loss(
@@ -89,8 +110,52 @@ def walk_loss(
         path.append(node)
         before = _first_lost(loaded, node, lost)
         if before is None:
-            return TypeLoss(node, tensor, words, tuple(reversed(path)))
+            return TypeLoss(node, tensor, words, tuple(reversed(path)), found[0])
         tensor, words = before
+
+
+@dataclass(frozen=True)
+class _Declared:
+    """How an input is declared: its element type, its shape (None: no rank)."""
+
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...] | None
+
+
+def _fails_typed(
+    session: Session,
+    loaded: LoadedModel,
+    store: TensorStore,
+    node: NodeInfo,
+    tensor: str,
+    typed: _Declared,
+) -> str:
+    """The target's error on ``node`` alone, fed the reference's inputs with ``tensor``
+    declared (and fed) as ``typed`` says; "" where it runs, or where ``tensor`` is embedded
+    rather than fed (a small integer operand)."""
+    names: dict[str, str] = {}
+
+    def cut(
+        metas: Mapping[str, TensorMeta], constants: Mapping[str, npt.NDArray[Any]]
+    ) -> tuple[onnx.ModelProto, dict[str, str]]:
+        model, fed = isolation_model(loaded, [node], metas, constants)
+        names.update(fed)
+        return model, fed
+
+    model, inputs = reference_fed(loaded, store, session.feeds, [node], cut)
+    name = next((k for k, t in names.items() if t == tensor), None)
+    if name is None:
+        return ""
+    inputs[name] = inputs[name].astype(typed.dtype)
+    elem = helper.np_dtype_to_tensor_dtype(typed.dtype)
+    model = retyped_input(model, name, elem, typed.shape)
+    try:
+        timed_run(session.target, model, inputs, "target", session.stats)
+    except BackendCrash:
+        return ""
+    except BackendError as exc:
+        return exc.full.removeprefix("target failed: ")
+    return ""
 
 
 def _first_lost(
@@ -116,7 +181,7 @@ def lost_type(
     values (``typecheck``), integer widths are not counted, nor one element typed as a scalar
     or the other way round."""
     want = f"rank {len(shape)} {_shape(shape)}"
-    if seen.dtype is not None and seen.dtype != dtype and "f" in (seen.dtype.kind, dtype.kind):
+    if seen.dtype is not None and _other_dtype(seen.dtype, dtype):
         return f"types {subject} as {seen.dtype} ({seen.said}) where the model says {dtype}"
     if seen.shape is None:
         return (
@@ -130,6 +195,11 @@ def lost_type(
     if any(d is not None and d != s for d, s in zip(seen.shape, shape, strict=True)):
         return f"types {subject} as {seen.said} where the reference's value has {want}"
     return None
+
+
+def _other_dtype(seen: np.dtype[Any], dtype: np.dtype[Any]) -> bool:
+    """Another element type, integer widths apart (a runtime may hold int64 as int32)."""
+    return seen != dtype and "f" in (seen.kind, dtype.kind)
 
 
 def _shape(dims: tuple[int, ...]) -> str:
