@@ -193,3 +193,5 @@ def test_the_cli_report_names_the_if_and_where_it_fails(tmp_path: Path) -> None:
     assert "Root cause (unsupported): squeeze_if" in " ".join(res.output.split())
     repro = json.loads((out / "report.json").read_text())["repro"]
     assert repro["kind"] == "error" and repro["reproduces"] and "conv" in repro["nodes"]
+    title = (out / "repro" / "issue.md").read_text().splitlines()[0]
+    assert title.endswith("loses the type of `squeeze_if`'s output and cannot run `conv`"), title

@@ -32,6 +32,10 @@ def _headline(result: BisectResult) -> str:
     rc = result.root_cause
     target = code(runtime_name(result.target.spec, result.versions))
     ref = code(runtime_name(result.ref.spec, result.versions))
+    if rc is not None and rc.kind in _FAILS and rc.nodes and rc.fails_at:
+        # The node named lost a rank or type; the runtime refuses a later one.
+        lost = f"loses the type of {code(rc.nodes[0])}'s output"
+        return f"{target} {lost} and {_FAILS[rc.kind]} {code(rc.fails_at)}"
     if rc is not None and rc.kind in _FAILS and rc.nodes:
         return f"{target} {_FAILS[rc.kind]} {code(rc.nodes[0])}"
     if rc is not None and rc.nodes:
