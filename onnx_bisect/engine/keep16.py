@@ -30,13 +30,13 @@ from onnx import numpy_helper
 from onnx_bisect.compare.precision import Precision
 from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.engine.diagnose import Diagnosis
-from onnx_bisect.engine.measure.runs import timed_run
+from onnx_bisect.engine.measure.goals import goal_runs
 from onnx_bisect.engine.passes.search import find_guilty
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError, ModelLoadError
 from onnx_bisect.graph.sizes import model_bytes
 from onnx_bisect.graph.view import LoadedModel
-from onnx_bisect.quant_result import KeepInFp32
+from onnx_bisect.quant_result import InputFigure, KeepInFp32
 from onnx_bisect.result import Verdict
 from onnx_bisect.text import plural
 from onnx_bisect.transforms.fp16 import (
@@ -65,10 +65,13 @@ _OP_WIDE = 3
 
 Tensors = Mapping[str, npt.NDArray[Any]]
 
-
-# Keep these nodes (and these op types) in float32: the worst output's rel_l2, goal met.
-_Run = Callable[[Collection[str], Collection[str]], tuple[float, bool]]
-_Measure = Callable[[Mapping[str, npt.NDArray[Any]]], tuple[float, bool]]
+# One input's figure: the worst output's rel_l2 (or the goal's figure) and whether it meets
+# the goal there.
+_Judged = tuple[float, bool]
+_Judge = Callable[[Tensors, Tensors], _Judged]
+# Keep these nodes (and these op types) in float32, measured on every input (``full``: no
+# stop at the first input that misses): one judgement per input run.
+_Run = Callable[[Collection[str], Collection[str], bool], list[_Judged]]
 
 
 class _OutOfRuns(Exception):
@@ -76,23 +79,28 @@ class _OutOfRuns(Exception):
 
 
 class _Trials:
-    """Converts with a set kept in float32, runs the target, measures the worst output's
-    rel_l2 and whether the goal holds; remembers the smallest set that met it."""
+    """Converts with a set kept in float32, runs the target on every input of the goal,
+    reads the worst input's figure and whether the goal holds on every input; remembers the
+    smallest set that met it."""
 
-    def __init__(self, run: _Run) -> None:
-        self.run = run
+    def __init__(self, run: _Run, inputs: int, worst: Callable[[list[float]], float]) -> None:
+        self.run, self.inputs, self.worst = run, inputs, worst
         self.runs = 0
         self.budget: int | None = None
         self.best: tuple[str, ...] | None = None
+        self.last: list[_Judged] = []
 
-    def measure(self, keep: Collection[str], ops: Collection[str] = ()) -> tuple[float, bool]:
+    def measure(
+        self, keep: Collection[str], ops: Collection[str] = (), full: bool = False
+    ) -> tuple[float, bool]:
         if self.budget is not None and self.runs >= self.budget:
             raise _OutOfRuns
         self.runs += 1
-        error, ok = self.run(keep, ops)
+        self.last = judged = self.run(keep, ops, full)
+        ok = len(judged) == self.inputs and all(met for _, met in judged)
         if ok and not ops and (self.best is None or len(keep) < len(self.best)):
             self.best = tuple(keep)
-        return error, ok
+        return self.worst([f for f, _ in judged]), ok
 
     def meets(self, keep: Collection[str]) -> bool:
         return self.measure(keep)[1]
@@ -123,25 +131,27 @@ def keep_in_fp32(session: Session, diagnosis: Diagnosis) -> KeepInFp32 | None:
     candidates = [
         n.name for n in graph.nodes if n.name not in base.nodes and n.op_type not in base.ops
     ]
-    measure, goal = _goal(session, dict(screened.ref_outputs))
+    inputs = goal_runs(session)
+    inputs.references(dict(screened.ref_outputs))
+    judge, goal, figure, worst = _goal(session, len(inputs.feeds))
     converted: dict[tuple[frozenset[str], frozenset[str]], BlockList] = {}
 
-    def run(keep: Collection[str], ops: Collection[str] = ()) -> tuple[float, bool]:
+    def run(keep: Collection[str], ops: Collection[str], full: bool) -> list[_Judged]:
         try:
             model, blocks = convert_valid(inferred, base.plus(list(keep), list(ops)))
             converted[frozenset(keep), frozenset(ops)] = blocks
-            out = timed_run(session.target, model, session.feeds, "target", session.stats)
+            return inputs.figures(model, judge, None if full else _missed)
         except (BackendError, ModelLoadError, ValueError, KeyError) as exc:
             # The converter itself raises ValueError or KeyError on some block lists (its cast
             # cleanup: "The downstream node of the second cast node should be graph output").
             log.info("keeping %s %s in float32 failed: %s", sorted(keep), sorted(ops), exc)
-            return math.inf, False
-        return measure(out)
+            return [(math.inf, False)]
 
-    trials = _Trials(run)
+    trials = _Trials(run, len(inputs.feeds), worst)
     suspects = [n for n in dict.fromkeys(flagged) if n in candidates]
     with session.timer.stage("keep in fp32"):
-        before, _ = trials.measure(())
+        before, _ = trials.measure((), full=True)
+        first = trials.last
         keep, note = _search(trials, candidates, _pools(graph, suspects, candidates))
         if not keep:
             note = _beyond_range(graph, suspects) or note
@@ -150,10 +160,10 @@ def keep_in_fp32(session: Session, diagnosis: Diagnosis) -> KeepInFp32 | None:
         keep = _added(converted.get((frozenset(keep), frozenset())), base) or keep
         ops = _one_op(graph, keep, trials)
         trials.budget = None
+        after, verified, last = before, False, None
         if keep or ops:
-            after, verified = trials.measure((), ops) if ops else trials.measure(keep)
-        else:
-            after, verified = before, False
+            after, verified = trials.measure(() if ops else keep, ops, True)
+            last = trials.last
     final = converted.get((frozenset(() if ops else keep), frozenset(ops)), base)
     return KeepInFp32(
         nodes=_added(final, base),
@@ -169,6 +179,29 @@ def keep_in_fp32(session: Session, diagnosis: Diagnosis) -> KeepInFp32 | None:
         f"({setup.target_info.description or setup.target_info.spec})",
         runs=trials.runs,
         note=note,
+        figure=figure,
+        per_input=_per_input(inputs.labels, first, last),
+    )
+
+
+def _missed(judged: _Judged) -> bool:
+    return not judged[1]
+
+
+def _per_input(
+    labels: Sequence[str], before: Sequence[_Judged], after: Sequence[_Judged] | None
+) -> tuple[InputFigure, ...]:
+    """Each input's figure before and with the set (a failed run: one infinite figure)."""
+    if len(before) != len(labels) or (after is not None and len(after) != len(labels)):
+        return ()
+    return tuple(
+        InputFigure(
+            label,
+            b[0],
+            None if after is None else after[i][0],
+            b[1] if after is None else after[i][1],
+        )  # fmt: skip
+        for i, (label, b) in enumerate(zip(labels, before, strict=True))
     )
 
 
@@ -276,14 +309,22 @@ def _one_op(graph: LoadedModel, keep: Sequence[str], trials: _Trials) -> tuple[s
         return ()
 
 
-def _goal(session: Session, ref_out: Tensors) -> tuple[_Measure, str]:
-    """The worst output's rel_l2 and whether the goal holds: every output within what the
-    target's precision predicts (the criterion that judged the outputs), or the worst
-    output's rel_l2 under ``--quant-goal``."""
-    goal = session.options.quant_goal
+def _goal(session: Session, inputs: int) -> tuple[_Judge, str, str, Callable[[list[float]], float]]:
+    """How one input is judged, the goal in words, what the figure is, and the worst of the
+    inputs' figures: every output within what the target's precision predicts (the
+    criterion that judged the outputs) and the worst output's rel_l2; or ``--quant-goal``:
+    a number bounding the worst output's rel_l2, or a task goal's own figure."""
+    goal = session.options.goal()
     crit = session.crit
+    if goal is not None and goal.task:
 
-    def measure(out: Tensors) -> tuple[float, bool]:
+        def task(ref: Tensors, out: Tensors) -> _Judged:
+            value = goal.figure(ref, out)
+            return value, goal.met(value)
+
+        return task, goal.describe(inputs), goal.figure_name, goal.worst
+
+    def judge(ref_out: Tensors, out: Tensors) -> _Judged:
         worst, ok = 0.0, True
         for name, ref in ref_out.items():
             c = compare_tensors(name, ref, out.get(name), crit)
@@ -292,9 +333,11 @@ def _goal(session: Session, ref_out: Tensors) -> tuple[_Measure, str]:
             ok = ok and not c.diverged
         # rel_l2 >= 1: an output that lost its values (all zero) is no answer, whatever the
         # floors allow (a detector's tiny probabilities on random input have floors above 1).
-        return worst, worst <= goal if goal is not None else ok and worst < _NO_SIGNAL
+        return worst, worst <= goal.bound if goal is not None else ok and worst < _NO_SIGNAL
 
+    on = "" if inputs == 1 else f" on every one of {inputs} inputs"
+    figure = "worst output rel_l2"
     if goal is not None:
-        return measure, f"worst output rel_l2 <= {goal:g} (--quant-goal)"
+        return judge, f"worst output rel_l2 <= {goal.bound:g}{on} (--quant-goal)", figure, max
     what = "float16's predicted error" if crit.floors is not None else crit.agreement()
-    return measure, f"every output within {what}"
+    return judge, f"every output within {what}{on}", figure, max
