@@ -107,9 +107,7 @@ def matmul_overflow(scale: float = 3000.0) -> onnx.ModelProto:
     nodes = [
         helper.make_node("MatMul", ["x", "w1"], ["h"], name="up"),
         helper.make_node("Add", ["h", "b1"], ["hb"], name=UP_BIAS),
-        helper.make_node(
-            "LayerNormalization", ["hb", "gamma", "beta"], ["n"], name=NORM, axis=-1
-        ),
+        helper.make_node("LayerNormalization", ["hb", "gamma", "beta"], ["n"], name=NORM, axis=-1),
         helper.make_node("MatMul", ["n", "w2"], ["p"], name="down"),
         helper.make_node("Relu", ["p"], ["y"], name="act"),
     ]
@@ -168,12 +166,12 @@ def token_overflow(scale: float = 3000.0, seed: int = 0) -> onnx.ModelProto:
         numpy_helper.from_array(head.astype(np.float32), "lm_head.weight"),
     ]
     nodes = [
-        helper.make_node("Gather", ["embed", "input_ids"], ["e"], name="/model/embed_tokens/Gather"),
+        helper.make_node(
+            "Gather", ["embed", "input_ids"], ["e"], name="/model/embed_tokens/Gather"
+        ),
         helper.make_node("MatMul", ["e", "w1"], ["h"], name=UP),
         helper.make_node("Add", ["h", "b1"], ["hb"], name=UP_BIAS),
-        helper.make_node(
-            "LayerNormalization", ["hb", "gamma", "beta"], ["n"], name=NORM, axis=-1
-        ),
+        helper.make_node("LayerNormalization", ["hb", "gamma", "beta"], ["n"], name=NORM, axis=-1),
         helper.make_node("MatMul", ["n", "lm_head.weight"], ["logits"], name="/lm_head/MatMul"),
     ]
     ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, PROMPT])

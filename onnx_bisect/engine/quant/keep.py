@@ -370,8 +370,7 @@ def _goal(
     none: the mean output channel's, worst output."""
     on = "" if inputs == 1 else f" (worst of {inputs} inputs)"
     if goal is not None and goal.task:
-        what = "disagreement (1 − agreement)" if goal.metric == "top1" else ""
-        text = f"{goal.figure_name}{' ' + what if what else ''}{on}"
+        text = ("1 − " if goal.metric == "top1" else "") + goal.figure_name + on
         return goal.figure, goal.loss, text, goal.figure_name
     specs = list(session.options.topk_specs())
     if specs:
