@@ -11,6 +11,17 @@ too; with their readers' readers; every node. The first pool that meets the goal
 within SEARCH_RUNS conversions. Where the set is several nodes of one op type, that op type
 alone is tried as an ``op_block_list``.
 
+A torch target computing in float16 or bfloat16 (``torch:cpu?dtype=float16``, no float32 model
+to convert) gets the same search on the target itself: each set is computed in float32 by the
+torch interpreter (``FLOAT32_NODES``, as autocast computes a module it excludes), and the
+answer names the modules the nodes come from; as a ``node_block_list`` it is also converted
+by onnxconverter-common and run on the reference once, and the note says whether it holds
+there too.
+
+Each trial is measured on every input of the goal (``engine/measure/goals.py``: the dataset's
+with ``--dataset``, stopping at the first input that misses), and ``--quant-goal`` may be a
+task goal (``compare/goal.py``: top-1 agreement or rel_l2, at the last position).
+
 Anchors: onnxconverter-common's ``auto_convert_mixed_precision`` (a conversion per trial under
 a validate function the user writes) and ModelOpt AutoCast (magnitude heuristics, no run).
 """

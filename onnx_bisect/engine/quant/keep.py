@@ -164,7 +164,9 @@ def search_keep_in_float(
             path = model_path
     if patcher.note:
         note = f"{note + '; ' if note else ''}{patcher.note}"
-    figures = _per_input(inputs.labels, per_input, patcher.key, keep, goal)
+    figures = _per_input(
+        inputs.labels, per_input, patcher.key, keep, lambda f: loss(f) <= trials.limit
+    )
     found = KeepInFloat(
         keep, goal_text, before, after, after <= trials.limit, trials.runs, path, note,
         per_input=figures, figure=name,
@@ -180,9 +182,10 @@ def _per_input(
     measured: Mapping[Hashable, list[float]],
     key: Callable[[Collection[str]], Hashable],
     keep: Collection[str],
-    goal: QuantGoal | None,
+    meets: Callable[[float], bool],
 ) -> tuple[InputFigure, ...]:
-    """Each input's figure as quantized and with the set in float, where all were measured."""
+    """Each input's figure as quantized and with the set in float, where all were measured;
+    ``meets``: whether one input's figure is within the goal."""
     before, after = measured.get(key(())), measured.get(key(keep)) if keep else None
     if (
         before is None
@@ -190,11 +193,9 @@ def _per_input(
         or (after is not None and len(after) != len(labels))
     ):
         return ()
-    ok = goal.met if goal is not None and goal.task else None
 
     def met(i: int) -> bool:
-        value = before[i] if after is None else after[i]
-        return ok(value) if ok is not None else True
+        return meets(before[i] if after is None else after[i])
 
     return tuple(
         InputFigure(label, before[i], None if after is None else after[i], met(i))
