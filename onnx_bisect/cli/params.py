@@ -481,9 +481,9 @@ QuantGoalOpt = Annotated[
     str | None,
     typer.Option(
         metavar="GOAL",
-        help="What the keep-in-float(32) set must reach on every input: X (worst rel_l2), "
-        "top1[:OUT][@last]>=P or rel_l2[:OUT][@last]<=X (default: 80% of the int8 loss "
-        "back; fp16's predicted error).",
+        help="The keep-in-float(32) set's goal on every input: X (worst rel_l2), "
+        "top1[:OUT]\\[@last]>=P or rel_l2[:OUT]\\[@last]<=X (default: 80% of int8's loss "
+        "back; fp16's prediction).",
         rich_help_panel=JUDGEMENT,
     ),
 ]
