@@ -20,6 +20,7 @@ __all__ = [
     "QuantReport",
     "QuantRow",
     "Sensitivity",
+    "figure_lines",
 ]
 
 

@@ -217,3 +217,9 @@ def test_an_int4_outlier_channel_is_kept_in_float_for_top1_on_every_input(
     figures = keep["per_input"]
     assert sorted(Path(f["input"]).name for f in figures) == [f"x{i}.npz" for i in range(8)]
     assert all(f["before"] < 0.9 and f["after"] >= 0.9 and f["met"] for f in figures)
+    assert (
+        "Quantization: top-1 agreement of logits per input, before -> with the set (8 of 8 "
+        "meet the goal):" in " ".join(res.output.split())
+    )
+    html = (out / "report.html").read_text()
+    assert "<p>top-1 agreement of logits per input, before -&gt; with the set (8 of 8" in html

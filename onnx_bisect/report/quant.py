@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from html import escape
 
-from onnx_bisect.quant_result import InputFigure, KeepInFloat, KeepInFp32, QuantReport, QuantRow
+from onnx_bisect.quant_result import (
+    InputFigure,
+    KeepInFloat,
+    KeepInFp32,
+    QuantReport,
+    QuantRow,
+    figure_lines,
+)
 from onnx_bisect.report.escape import cell, code
 from onnx_bisect.text import fmt
 
@@ -146,6 +153,8 @@ def quant_html(q: QuantReport) -> list[str]:
             out.append(
                 f'<p>The patched model: <span class="mono">{escape(k.model_path)}</span></p>'
             )
+    if k is not None:
+        out += [f"<p>{escape(line)}</p>" for line in figure_lines(k.figure, k.per_input)]
     if k is not None and k.note:
         out.append(f"<p>{escape(k.note)}</p>")
     out.append(f'<p class="sub">{escape(q.pairing_summary())}</p>')
