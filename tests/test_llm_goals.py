@@ -223,3 +223,38 @@ def test_an_int4_outlier_channel_is_kept_in_float_for_top1_on_every_input(
     )
     html = (out / "report.html").read_text()
     assert "<p>top-1 agreement of logits per input, before -&gt; with the set (8 of 8" in html
+
+
+@pytest.mark.slow
+def test_a_llama_whose_mlp_overflows_keeps_its_final_rmsnorm_in_float32(tmp_path: Path) -> None:
+    """A two-layer Llama (external weights) whose second MLP's up projection is 400 times too
+    large: its residual stream holds values whose squares float16 cannot hold, so the final
+    RMSNorm's Pow overflows and every logit is lost. Computing that norm's Pow, ReduceMean,
+    Add and Sqrt in float32 (module model.norm, as Hugging Face's LlamaRMSNorm does) brings
+    every prompt's next token back; as a node_block_list, onnxconverter-common's conversion
+    of the external-weight model holds on ONNX Runtime too."""
+    from tests.llama_model import write_external_llama
+
+    path = tmp_path / "llama.onnx"
+    write_external_llama(path, layers=2, hidden=128, intermediate=256, vocab=512, heads=4,
+                         seq=8, scaled={"model.layers.1.mlp.up_proj.weight": 400.0})  # fmt: skip
+    data = tmp_path / "prompts"
+    data.mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(8):
+        np.savez(data / f"p{i}.npz", input_ids=rng.integers(0, 512, (1, 8)).astype(np.int64))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(
+        bisect_app,
+        [str(path), "-t", "torch:cpu?dtype=float16", "--dataset", str(data), "--quant-goal",
+         "top1:logits@last>=100%", "--no-repro", "--out", str(out)],
+    )  # fmt: skip
+    assert res.exit_code == 1, res.output
+    keep = json.loads((out / "report.json").read_text())["keep_in_fp32"]
+    norm = ["/model/norm/Pow", "/model/norm/ReduceMean", "/model/norm/Add", "/model/norm/Sqrt"]
+    assert keep["nodes"] == norm and keep["modules"] == ["model.norm"]
+    assert keep["verified"] is True
+    assert [(f["before"], f["after"], f["met"]) for f in keep["per_input"]] == [
+        (0.0, 1.0, True)
+    ] * 8
+    assert keep["note"].endswith("it meets the goal on 8 of 8 inputs")

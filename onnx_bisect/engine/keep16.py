@@ -50,6 +50,7 @@ from onnx_bisect.errors import BackendError, ModelLoadError, SpecError
 from onnx_bisect.graph.sizes import model_bytes
 from onnx_bisect.graph.source import node_source
 from onnx_bisect.graph.view import LoadedModel
+from onnx_bisect.graph.weights import with_loaded_weights
 from onnx_bisect.quant_result import InputFigure, KeepInFp32
 from onnx_bisect.result import Verdict
 from onnx_bisect.text import plural
@@ -194,7 +195,7 @@ class _Convert:
         graph = setup.loaded
         self.graph = graph
         self.base = blocks_of(target.model) or base_blocks(graph.model)
-        self.inferred = onnx.shape_inference.infer_shapes(graph.model)
+        self.inferred = _inferred(graph.model)
         self.converted: dict[tuple[frozenset[str], frozenset[str]], BlockList] = {}
         base = self.base
         self.candidates = [
@@ -269,8 +270,7 @@ class _Float32Nodes(_Convert):
         """The set as a node_block_list, converted by onnxconverter-common and run on the
         reference: does the goal hold there too (what an ONNX user gets)?"""
         try:
-            inferred = onnx.shape_inference.infer_shapes(self.graph.model)
-            model, _ = convert_valid(inferred, self.base.plus(list(keep)))
+            model, _ = convert_valid(_inferred(self.graph.model), self.base.plus(list(keep)))
             judged = inputs.figures(model, judge, backend=inputs.session.ref)
         except (BackendError, ModelLoadError, ValueError, KeyError, ImportError) as exc:
             return f"as a node_block_list not checked: {exc}"
@@ -281,6 +281,13 @@ class _Float32Nodes(_Convert):
             "as a node_block_list, converted by onnxconverter-common and run on the reference "
             f"({self.ref_label}), it {state}{on}"
         )
+
+
+def _inferred(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model to convert: its external weights read in (the converter rewrites each
+    weight's type, and a float16 tensor left pointing at float32 bytes fails to load), its
+    shapes inferred."""
+    return onnx.shape_inference.infer_shapes(with_loaded_weights(model))
 
 
 def _applier(setup: Setup) -> _Convert | None:
