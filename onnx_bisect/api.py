@@ -25,7 +25,7 @@ from onnx_bisect.engine.keep16 import keep_in_fp32
 from onnx_bisect.engine.measure.observe import scan
 from onnx_bisect.engine.passes.bisection import bisect_passes
 from onnx_bisect.engine.progress import NoProgress, Progress
-from onnx_bisect.engine.session import Session, Setup, StageTimer, scratch_dir
+from onnx_bisect.engine.session import GoalInputs, Session, Setup, StageTimer, scratch_dir
 from onnx_bisect.engine.steps.loop import one_step, run_steps
 from onnx_bisect.engine.torchref.capture import is_torch_ref
 from onnx_bisect.engine.torchref.run import bisect_torch
@@ -125,10 +125,18 @@ def bisect(
 
 
 def _bisect_one(
-    model: ModelLike, ref: BackendLike, target: BackendLike, opts: BisectOptions, timer: StageTimer
+    model: ModelLike,
+    ref: BackendLike,
+    target: BackendLike,
+    opts: BisectOptions,
+    timer: StageTimer,
+    goal_inputs: GoalInputs | None = None,
 ) -> BisectResult:
-    """One input: prepare, open a session, diagnose, bisect passes, cut a bundle."""
+    """One input: prepare, open a session, diagnose, bisect passes, cut a bundle; the keep
+    searches' goal measured on ``goal_inputs`` where given (a dataset's)."""
     setup, feeds = prepare(model, ref, target, opts, timer)
+    if goal_inputs is not None:
+        setup = dataclasses.replace(setup, goal_inputs=goal_inputs)
     with scratch_dir() as scratch, ExitStack() as opened:
 
         def begin(chosen: Setup) -> Session:
@@ -175,7 +183,10 @@ def _bisect_dataset(
     worst = dataclasses.replace(
         opts, dataset=None, sample=None, jobs=1, ray=None, inputs=job.feeds(ranked[0].index)
     )
-    result = _bisect_one(model, ref, target, worst, timer)
+    # The keep searches' goal holds on every input that ran, worst first.
+    ran = [s.index for s in ranked if not s.failed]
+    goals = GoalInputs(tuple(job.label(i) for i in ran), lambda i: job.feeds(ran[i]))
+    result = _bisect_one(model, ref, target, worst, timer, goals)
     source, cause = str(opts.dataset), result.root_cause
     summary = summarize(
         source, ranked, measured, cause, sample=sample, jobs=opts.jobs, ray=opts.ray

@@ -16,6 +16,7 @@ import numpy.typing as npt
 import onnx
 
 from onnx_bisect.compare.criterion import NOISE_EPS, NOISE_K, Criterion
+from onnx_bisect.compare.goal import QuantGoal, parse_goal
 from onnx_bisect.compare.metrics import METRICS
 from onnx_bisect.compare.precision import parse_precision
 from onnx_bisect.compare.topk import TopKSpec, parse_topk
@@ -89,10 +90,12 @@ class BisectOptions:
     # float16, bfloat16, tf32 or float32. Its precision floors then judge it.
     target_precision: str | None = None
     topk: Sequence[str | TopKSpec] = ()
-    # A quantized target model: the worst output channel's rel_l2 (1 − top-1 agreement with
-    # ``topk``) the keep-in-float search must reach; None: recover most of the loss
-    # quantization causes with a few nodes (engine/quant/keep.py).
-    quant_goal: float | None = None
+    # The keep searches' goal (compare/goal.py): a number, the worst output (channel)'s
+    # rel_l2 (1 − top-1 agreement with ``topk``), or a task goal measured on every input
+    # (``top1:logits@last>=100%``, ``rel_l2:logits@last<=1e-2``); None: recover most of the
+    # loss quantization causes with a few nodes (engine/quant/keep.py), or float16's
+    # predicted error (engine/keep16.py).
+    quant_goal: float | str | QuantGoal | None = None
     # A quantized target model's calibration inputs (a directory, a glob or one .npz split
     # in rows, as ``dataset`` reads them): the float model is quantized again with them and
     # the int8 model's settings to verify the keep-in-float set (engine/quant/verify.py).
@@ -138,7 +141,7 @@ class BisectOptions:
         _flag("always_scan", self.always_scan)
         _flag("isolate_crashes", self.isolate_crashes, optional=True)
         self.topk_specs()
-        _number("quant_goal", self.quant_goal, positive=True, optional=True)
+        self.goal()
         self._check_calibration()
         _whole("unroll_max", self.unroll_max, low=0)
         _choice("bisect_passes", self.bisect_passes, PASS_MODES)
@@ -325,6 +328,10 @@ class BisectOptions:
             eps=self.noise_eps,
             significance=SIGNIFICANCE,
         )
+
+    def goal(self) -> QuantGoal | None:
+        """``quant_goal`` parsed (a bare number as ``QuantGoal('error', X)``)."""
+        return None if self.quant_goal is None else parse_goal(self.quant_goal)
 
     def topk_specs(self) -> tuple[TopKSpec, ...]:
         return tuple(parse_topk(t) if isinstance(t, str) else t for t in self.topk)

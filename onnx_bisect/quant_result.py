@@ -4,6 +4,7 @@ for a float16 conversion, the smallest set to keep in float32 (``KeepInFp32``)."
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,52 @@ from typing import Any
 from onnx_bisect.compare.quant import COARSE_LEVELS, QuantError, QuantKind
 from onnx_bisect.text import fmt
 
-__all__ = ["IntegerSteps", "KeepInFloat", "KeepInFp32", "QuantReport", "QuantRow", "Sensitivity"]
+__all__ = [
+    "InputFigure",
+    "IntegerSteps",
+    "KeepInFloat",
+    "KeepInFp32",
+    "QuantReport",
+    "QuantRow",
+    "Sensitivity",
+    "figure_lines",
+]
+
+
+@dataclass(frozen=True)
+class InputFigure:
+    """The goal's figure on one input (``--dataset``: each input, worst first): as the target
+    runs the model (``before``) and with the set kept (``after``; None: no set to measure),
+    and whether the goal holds there with the set."""
+
+    input: str
+    before: float
+    after: float | None
+    met: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        after = None if self.after is None else _number(self.after)
+        return {"input": self.input, "before": _number(self.before), "after": after,
+                "met": self.met}  # fmt: skip
+
+    def line(self) -> str:
+        after = "" if self.after is None else f" -> {fmt(self.after)}"
+        return f"{self.input}: {fmt(self.before)}{after}{'' if self.met else ' (missed)'}"
+
+
+def _number(x: float) -> float | str:
+    """JSON has no NaN or Infinity: spelt out, as report.json spells them everywhere."""
+    return x if math.isfinite(x) else ("nan" if math.isnan(x) else "inf" if x > 0 else "-inf")
+
+
+def figure_lines(figure: str, per_input: tuple[InputFigure, ...]) -> list[str]:
+    """The per-input figures, a line each, under a heading naming the figure; nothing for
+    one input (the answer's own line says it)."""
+    if len(per_input) < 2:
+        return []
+    met = sum(f.met for f in per_input)
+    head = f"{figure} per input, before -> with the set ({met} of {len(per_input)} meet the goal):"
+    return [head, *(f"  {f.line()}" for f in per_input)]
 
 
 @dataclass(frozen=True)
@@ -77,6 +123,9 @@ class KeepInFloat:
     requantized: tuple[float, float] | None = None
     call: str = ""
     settings: dict[str, Any] | None = None
+    # The goal's figure on each input it is measured over (several with --dataset).
+    per_input: tuple[InputFigure, ...] = ()
+    figure: str = ""  # what per_input's numbers are
 
     @property
     def verified_by(self) -> str:
@@ -112,6 +161,8 @@ class KeepInFloat:
             "runs": self.runs,
             "model": self.model_path or None,
             "note": self.note or None,
+            "figure": self.figure or None,
+            "per_input": [f.to_dict() for f in self.per_input],
         }
 
     def lines(self) -> list[str]:
@@ -130,6 +181,7 @@ class KeepInFloat:
             )
             if self.call:
                 out.append(f"paste: {self.call}")
+        out += figure_lines(self.figure, self.per_input)
         if self.note:
             out.append(self.note)
         return out
@@ -252,6 +304,13 @@ class KeepInFp32:
     # A line to run before ``call`` where the set names nodes unnamed in the file: it gives
     # them the names onnx-bisect gave them.
     prepare: str = ""
+    # What ``before``/``after`` measure (the worst input's, where there are several), and
+    # the goal's figure on each input it is measured over (several with --dataset).
+    figure: str = "worst output rel_l2"
+    per_input: tuple[InputFigure, ...] = ()
+    # Where the torch backend computes float16 (dtype=float16): the modules the set's nodes
+    # come from (graph/source.py), to keep in float32 under autocast.
+    modules: tuple[str, ...] = ()
 
     def line(self) -> str:
         """The answer in one line, as the terminal says it."""
@@ -260,10 +319,16 @@ class KeepInFp32:
         state = f"verified by {self.verified_by}" if self.verified else "NOT verified"
         named = self.ops if self.kind == "op_block_list" else self.nodes
         note = f"; {self.note}" if self.note else ""
+        worst = "worst input's " if len(self.per_input) > 1 else ""
         return (
-            f"{self.kind}={list(named)!r}: {self.goal}, worst output rel_l2 {fmt(self.before)} "
+            f"{self.kind}={list(named)!r}: {self.goal}, {worst}{self.figure} {fmt(self.before)} "
             f"-> {fmt(self.after)} ({state}; {self.runs} runs){note}"
         )
+
+    def lines(self) -> list[str]:
+        """What follows ``line()``: the modules to keep in float32, the per-input figures."""
+        out = [f"modules to keep in float32: {', '.join(self.modules)}"] if self.modules else []
+        return out + figure_lines(self.figure, self.per_input)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -279,4 +344,7 @@ class KeepInFp32:
             "runs": self.runs,
             "note": self.note or None,
             "prepare": self.prepare or None,
+            "figure": self.figure,
+            "per_input": [f.to_dict() for f in self.per_input],
+            "modules": list(self.modules),
         }

@@ -397,6 +397,7 @@ def _summary_lines(r: BisectResult) -> list[Text]:
         lines.append(Text.assemble(("Keep in float32", "bold"), f": {k.line()}"))
         if k.nodes or k.ops:
             lines += [Text(f"  {line}") for line in (k.prepare, k.call) if line]
+        lines += [Text(f"  {line}") for line in k.lines()]
     for c in r.outputs:
         if c.diverged:
             rel, mx = c.shown("rel_l2"), c.shown("max_abs")

@@ -4,6 +4,8 @@ model whose float16 copy overflows."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -104,10 +106,8 @@ def matmul_overflow(scale: float = 3000.0) -> onnx.ModelProto:
     ]
     nodes = [
         helper.make_node("MatMul", ["x", "w1"], ["h"], name="up"),
-        helper.make_node("Add", ["h", "b1"], ["hb"], name="up_bias"),
-        helper.make_node(
-            "LayerNormalization", ["hb", "gamma", "beta"], ["n"], name="norm", axis=-1
-        ),
+        helper.make_node("Add", ["h", "b1"], ["hb"], name=UP_BIAS),
+        helper.make_node("LayerNormalization", ["hb", "gamma", "beta"], ["n"], name=NORM, axis=-1),
         helper.make_node("MatMul", ["n", "w2"], ["p"], name="down"),
         helper.make_node("Relu", ["p"], ["y"], name="act"),
     ]
@@ -139,3 +139,50 @@ def batchnorm_variance(variance: float = 1e7) -> onnx.ModelProto:
     ]
     inits = [numpy_helper.from_array(w, "w")]
     return make(nodes, [_vi("x", [1, 3, 8, 8])], [_vi("y", [1, 4, 8, 8])], inits)
+
+
+# A tiny decoder's prompt: input_ids [1, PROMPT] -> logits [1, PROMPT, VOCAB].
+PROMPT, VOCAB, HIDDEN = 6, 32, 64
+# Its nodes, named as the torch exporter names them (module path, then the op).
+UP, UP_BIAS, NORM = "/model/up_proj/MatMul", "/model/up_proj/Add", "/model/norm/LayerNormalization"
+
+
+def token_overflow(scale: float = 3000.0, seed: int = 0) -> onnx.ModelProto:
+    """An LLM's shape in five nodes: input_ids -> the token embedding (Gather) -> an up
+    projection by weights near ``scale`` and its bias Add (each value near 0.5 x 64 x 3000 ~
+    1e5, beyond float16's 65504) -> LayerNormalization -> lm_head (MatMul) -> logits. In
+    float32 the LayerNorm brings the values back; in float16 ``UP`` overflows to Inf and every
+    logit is NaN. ``scale=1``: float16 runs it fine."""
+    rng = np.random.default_rng(seed)
+    embed = rng.random((VOCAB, HIDDEN))  # in [0, 1), as matmul_overflow's x
+    w1 = scale * (1.0 + 0.1 * rng.standard_normal((HIDDEN, HIDDEN)))
+    head = rng.standard_normal((HIDDEN, VOCAB)) / np.sqrt(HIDDEN)
+    inits = [
+        numpy_helper.from_array(embed.astype(np.float32), "embed"),
+        numpy_helper.from_array(w1.astype(np.float32), "w1"),
+        numpy_helper.from_array(np.zeros(HIDDEN, np.float32), "b1"),
+        numpy_helper.from_array(np.ones(HIDDEN, np.float32), "gamma"),
+        numpy_helper.from_array(np.zeros(HIDDEN, np.float32), "beta"),
+        numpy_helper.from_array(head.astype(np.float32), "lm_head.weight"),
+    ]
+    nodes = [
+        helper.make_node(
+            "Gather", ["embed", "input_ids"], ["e"], name="/model/embed_tokens/Gather"
+        ),
+        helper.make_node("MatMul", ["e", "w1"], ["h"], name=UP),
+        helper.make_node("Add", ["h", "b1"], ["hb"], name=UP_BIAS),
+        helper.make_node("LayerNormalization", ["hb", "gamma", "beta"], ["n"], name=NORM, axis=-1),
+        helper.make_node("MatMul", ["n", "lm_head.weight"], ["logits"], name="/lm_head/MatMul"),
+    ]
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, PROMPT])
+    return make(nodes, [ids], [_vi("logits", [1, PROMPT, VOCAB])], inits)
+
+
+def prompts(folder: Path, count: int = 8, seed: int = 0) -> Path:
+    """``count`` prompts (random token ids), one .npz each: a --dataset folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        ids = rng.integers(0, VOCAB, (1, PROMPT)).astype(np.int64)
+        np.savez(folder / f"prompt{i}.npz", input_ids=ids)
+    return folder

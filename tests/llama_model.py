@@ -13,6 +13,7 @@ a model of hundreds of MB holds no more than one tensor at a time.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -36,8 +37,15 @@ def down_proj(layer: int) -> str:
 class _Weights:
     """Float32 tensors appended to one file as they are drawn, each 4 KiB aligned."""
 
-    def __init__(self, f: BinaryIO, location: str, rng: np.random.Generator) -> None:
+    def __init__(
+        self,
+        f: BinaryIO,
+        location: str,
+        rng: np.random.Generator,
+        scaled: Mapping[str, float] | None = None,
+    ) -> None:
         self.f, self.location, self.rng = f, location, rng
+        self.scaled = dict(scaled or {})
         self.tensors: list[onnx.TensorProto] = []
 
     def add(self, name: str, shape: tuple[int, ...], scale: float | None = None) -> str:
@@ -47,6 +55,7 @@ class _Weights:
         if scale is not None:
             limit = np.float32(scale * np.sqrt(3.0))
             value = self.rng.uniform(-limit, limit, shape).astype(np.float32)
+        value *= np.float32(self.scaled.get(name, 1.0))
         self.f.write(b"\0" * (-self.f.tell() % 4096))
         t = onnx.TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(shape))
         t.data_location = TensorProto.EXTERNAL
@@ -124,12 +133,14 @@ def write_external_llama(
     heads: int = 8,
     seq: int = 16,
     seed: int = 0,
+    scaled: Mapping[str, float] | None = None,
 ) -> None:
-    """input_ids [1, seq] (int64) -> logits [1, seq, vocab]; weights in ``<path>.data``."""
+    """input_ids [1, seq] (int64) -> logits [1, seq, vocab]; weights in ``<path>.data``, each
+    named in ``scaled`` multiplied by its factor (an outlier planted)."""
     rng = np.random.default_rng(seed)
     data = path.with_name(path.name + ".data")
     with data.open("wb") as f:
-        b = _Builder(_Weights(f, data.name, rng), hidden, heads, seq)
+        b = _Builder(_Weights(f, data.name, rng, scaled), hidden, heads, seq)
         embed = b.w.add("model.embed_tokens.weight", (vocab, hidden), scale=1.0)
         x = b.node("Gather", "/model/embed_tokens/Gather", [embed, "input_ids"])
         for i in range(layers):

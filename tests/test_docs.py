@@ -416,7 +416,9 @@ class Session:
 # A missed link shows up as that item failing (a NameError, a missing file), with a note.
 
 _BUILTINS = frozenset(dir(builtins))
-_PATH = re.compile(r"[\w.\-/]+")  # the characters a relative path in the docs is made of
+# The characters a relative path in the docs is made of; a fragment after "+" is a transform
+# (cpu+fp16), matched with its "+" so that it is no path.
+_PATH = re.compile(r"\+?[\w.\-/]+")
 _WRITE_OPTIONS = frozenset({"--out", "-o", ">", ">>"})
 
 
@@ -443,7 +445,8 @@ def _heads(text: str) -> set[str]:
     heads = set()
     for fragment in _PATH.findall(text):
         head = fragment.split("/", 1)[0]
-        if head and not fragment.startswith(("/", "-")) and head not in {".", "..", "examples"}:
+        own = head not in {".", "..", "examples"}
+        if head and not fragment.startswith(("/", "-", "+")) and own:
             heads.add(head)
     return heads
 
@@ -590,6 +593,7 @@ SLOW_GROUPS = {
     ("report-format.md", "--quiet --out report"): "two diagnoses and every report file read",
     ("guide.md", "onnx-bisect sweep"): "four cases, each a diagnosis in a process of its own",
     ("guide.md", "--ref pytorch:tiny.py:make"): "torch imported, a TorchScript export, exec: runs",
+    ("guide.md", "--quant-goal 'top1:logits@last>=100%'"): "two keep searches over 8 prompts",
 }
 
 

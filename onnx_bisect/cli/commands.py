@@ -130,7 +130,7 @@ def run_command(
     bisect_passes: BisectPassesOpt = DEFAULTS.bisect_passes,
     passes: PassesOpt = "",
     topk: TopKOpt = None,
-    quant_goal: QuantGoalOpt = DEFAULTS.quant_goal,
+    quant_goal: QuantGoalOpt = None,
     calibration: CalibrationOpt = None,
     out: Annotated[
         Path | None,

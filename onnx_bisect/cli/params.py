@@ -478,12 +478,12 @@ TopKOpt = Annotated[
     ),
 ]
 QuantGoalOpt = Annotated[
-    float | None,
+    str | None,
     typer.Option(
-        parser=parse_real,
-        metavar="X",
-        help="Quantized --target-model: the worst channel's rel_l2 to reach (default: 80% "
-        "of the loss recovered).",
+        metavar="GOAL",
+        help="The keep-in-float(32) set's goal on every input: X (worst rel_l2), "
+        "top1[:OUT]\\[@last]>=P or rel_l2[:OUT]\\[@last]<=X (default: 80% of int8's loss "
+        "back; fp16's prediction).",
         rich_help_panel=JUDGEMENT,
     ),
 ]

@@ -11,6 +11,17 @@ too; with their readers' readers; every node. The first pool that meets the goal
 within SEARCH_RUNS conversions. Where the set is several nodes of one op type, that op type
 alone is tried as an ``op_block_list``.
 
+A torch target computing in float16 or bfloat16 (``torch:cpu?dtype=float16``, no float32 model
+to convert) gets the same search on the target itself: each set is computed in float32 by the
+torch interpreter (``FLOAT32_NODES``, as autocast computes a module it excludes), and the
+answer names the modules the nodes come from; as a ``node_block_list`` it is also converted
+by onnxconverter-common and run on the reference once, and the note says whether it holds
+there too.
+
+Each trial is measured on every input of the goal (``engine/measure/goals.py``: the dataset's
+with ``--dataset``, stopping at the first input that misses), and ``--quant-goal`` may be a
+task goal (``compare/goal.py``: top-1 agreement or rel_l2, at the last position).
+
 Anchors: onnxconverter-common's ``auto_convert_mixed_precision`` (a conversion per trial under
 a validate function the user writes) and ModelOpt AutoCast (magnitude heuristics, no run).
 """
@@ -27,16 +38,20 @@ import numpy.typing as npt
 import onnx
 from onnx import numpy_helper
 
-from onnx_bisect.compare.precision import Precision
+from onnx_bisect.backends.spec import parse_spec
+from onnx_bisect.backends.torch.options import with_float32_nodes
+from onnx_bisect.compare.precision import Precision, format_of
 from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.engine.diagnose import Diagnosis
-from onnx_bisect.engine.measure.runs import timed_run
+from onnx_bisect.engine.measure.goals import GoalRuns, goal_runs
 from onnx_bisect.engine.passes.search import find_guilty
-from onnx_bisect.engine.session import Session
-from onnx_bisect.errors import BackendError, ModelLoadError
+from onnx_bisect.engine.session import Session, Setup
+from onnx_bisect.errors import BackendError, ModelLoadError, SpecError
 from onnx_bisect.graph.sizes import model_bytes
+from onnx_bisect.graph.source import node_source
 from onnx_bisect.graph.view import LoadedModel
-from onnx_bisect.quant_result import KeepInFp32
+from onnx_bisect.graph.weights import with_loaded_weights
+from onnx_bisect.quant_result import InputFigure, KeepInFp32
 from onnx_bisect.result import Verdict
 from onnx_bisect.text import plural
 from onnx_bisect.transforms.fp16 import (
@@ -65,10 +80,13 @@ _OP_WIDE = 3
 
 Tensors = Mapping[str, npt.NDArray[Any]]
 
-
-# Keep these nodes (and these op types) in float32: the worst output's rel_l2, goal met.
-_Run = Callable[[Collection[str], Collection[str]], tuple[float, bool]]
-_Measure = Callable[[Mapping[str, npt.NDArray[Any]]], tuple[float, bool]]
+# One input's figure: the worst output's rel_l2 (or the goal's figure) and whether it meets
+# the goal there.
+_Judged = tuple[float, bool]
+_Judge = Callable[[Tensors, Tensors], _Judged]
+# Keep these nodes (and these op types) in float32, measured on every input (``full``: no
+# stop at the first input that misses): one judgement per input run.
+_Run = Callable[[Collection[str], Collection[str], bool], list[_Judged]]
 
 
 class _OutOfRuns(Exception):
@@ -76,41 +94,46 @@ class _OutOfRuns(Exception):
 
 
 class _Trials:
-    """Converts with a set kept in float32, runs the target, measures the worst output's
-    rel_l2 and whether the goal holds; remembers the smallest set that met it."""
+    """Converts with a set kept in float32, runs the target on every input of the goal,
+    reads the worst input's figure and whether the goal holds on every input; remembers the
+    smallest set that met it."""
 
-    def __init__(self, run: _Run) -> None:
-        self.run = run
+    def __init__(self, run: _Run, inputs: int, worst: Callable[[list[float]], float]) -> None:
+        self.run, self.inputs, self.worst = run, inputs, worst
         self.runs = 0
         self.budget: int | None = None
         self.best: tuple[str, ...] | None = None
+        self.last: list[_Judged] = []
 
-    def measure(self, keep: Collection[str], ops: Collection[str] = ()) -> tuple[float, bool]:
+    def measure(
+        self, keep: Collection[str], ops: Collection[str] = (), full: bool = False
+    ) -> tuple[float, bool]:
         if self.budget is not None and self.runs >= self.budget:
             raise _OutOfRuns
         self.runs += 1
-        error, ok = self.run(keep, ops)
+        self.last = judged = self.run(keep, ops, full)
+        ok = len(judged) == self.inputs and all(met for _, met in judged)
         if ok and not ops and (self.best is None or len(keep) < len(self.best)):
             self.best = tuple(keep)
-        return error, ok
+        return self.worst([f for f, _ in judged]), ok
 
     def meets(self, keep: Collection[str]) -> bool:
         return self.measure(keep)[1]
 
 
 def keep_in_fp32(session: Session, diagnosis: Diagnosis) -> KeepInFp32 | None:
-    """The keep-in-fp32 answer for a float16 conversion that diverged with flagged nodes; None
-    where there is nothing to search (not a float16 conversion, no flagged node)."""
+    """The keep-in-fp32 answer for a float16 conversion (``+fp16``, an fp16 target model) or
+    a torch target computing in float16/bfloat16 (``dtype=``) that diverged with flagged
+    nodes; None where there is nothing to search (neither, no flagged node)."""
     setup, found, screened = session.setup, diagnosis.found, diagnosis.screened
     if not diagnosis.diverged or found is None or screened is None:
         return None
-    if setup.target_precision.precision is not Precision.FLOAT16 or setup.target_model is None:
-        return None  # a runtime's own float16 (torch dtype=) converts every node anyway
     graph = setup.loaded
-    if already_low(graph.model) > 50:
+    apply = _applier(setup)
+    if apply is None or already_low(graph.model) > 50:
         return None  # a float16 model judged as it is: there is no float32 model to convert
     if not model_bytes(graph.model).fits:
-        # Each trial copies and converts the model in this process: past 2 GB, onnx's
+        # Each trial copies (and converts) the model in this process: past 2 GB, onnx's
         # inference serializes it in vain.
         log.info("keep in float32 not searched: the model is over 2 GB")
         return None
@@ -118,57 +141,190 @@ def keep_in_fp32(session: Session, diagnosis: Diagnosis) -> KeepInFp32 | None:
     flagged += found.cause.nodes if found.cause is not None else ()
     if not flagged:
         return None
-    base = blocks_of(setup.target_model.model) or base_blocks(graph.model)
-    inferred = onnx.shape_inference.infer_shapes(graph.model)
-    candidates = [
-        n.name for n in graph.nodes if n.name not in base.nodes and n.op_type not in base.ops
-    ]
-    measure, goal = _goal(session, dict(screened.ref_outputs))
-    converted: dict[tuple[frozenset[str], frozenset[str]], BlockList] = {}
+    inputs = goal_runs(session)
+    inputs.references(dict(screened.ref_outputs))
+    judge, goal, figure, worst = _goal(session, len(inputs.feeds))
 
-    def run(keep: Collection[str], ops: Collection[str] = ()) -> tuple[float, bool]:
+    def run(keep: Collection[str], ops: Collection[str], full: bool) -> list[_Judged]:
         try:
-            model, blocks = convert_valid(inferred, base.plus(list(keep), list(ops)))
-            converted[frozenset(keep), frozenset(ops)] = blocks
-            out = timed_run(session.target, model, session.feeds, "target", session.stats)
+            return inputs.figures(apply.model(keep, ops), judge, None if full else _missed)
         except (BackendError, ModelLoadError, ValueError, KeyError) as exc:
             # The converter itself raises ValueError or KeyError on some block lists (its cast
             # cleanup: "The downstream node of the second cast node should be graph output").
             log.info("keeping %s %s in float32 failed: %s", sorted(keep), sorted(ops), exc)
-            return math.inf, False
-        return measure(out)
+            return [(math.inf, False)]
 
-    trials = _Trials(run)
+    trials = _Trials(run, len(inputs.feeds), worst)
+    candidates = apply.candidates
     suspects = [n for n in dict.fromkeys(flagged) if n in candidates]
     with session.timer.stage("keep in fp32"):
-        before, _ = trials.measure(())
+        before, _ = trials.measure((), full=True)
+        first = trials.last
         keep, note = _search(trials, candidates, _pools(graph, suspects, candidates))
         if not keep:
             note = _beyond_range(graph, suspects) or note
-        # What onnx made the conversion keep with the set (an initializer shared with a
-        # kept node, say) is part of the answer: the printed call keeps it too.
-        keep = _added(converted.get((frozenset(keep), frozenset())), base) or keep
-        ops = _one_op(graph, keep, trials)
+        keep = apply.nodes(keep)
+        ops = _one_op(graph, keep, trials) if apply.ops else ()
         trials.budget = None
+        after, verified, last = before, False, None
         if keep or ops:
-            after, verified = trials.measure((), ops) if ops else trials.measure(keep)
-        else:
-            after, verified = before, False
-    final = converted.get((frozenset(() if ops else keep), frozenset(ops)), base)
+            after, verified = trials.measure(() if ops else keep, ops, True)
+            last = trials.last
+        also = apply.cross_check(inputs, judge, keep) if keep and verified and not ops else ""
     return KeepInFp32(
-        nodes=_added(final, base),
-        kind="op_block_list" if ops else "node_block_list",
-        ops=ops,
-        call=final.call(),
-        prepare=NAME_NODES if names_given(final.nodes, graph.model.graph) else "",
+        **apply.answer(keep, ops),
         goal=goal,
         before=before,
         after=after,
         verified=verified,
-        verified_by="converting again with onnxconverter-common and running it on the target "
-        f"({setup.target_info.description or setup.target_info.spec})",
+        verified_by=apply.verified_by,
         runs=trials.runs,
-        note=note,
+        note="; ".join(n for n in (note, also) if n),
+        figure=figure,
+        per_input=_per_input(inputs.labels, first, last),
+    )
+
+
+class _Convert:
+    """A float16 conversion's set applied as the user applies it: onnxconverter-common
+    converts the float model again with the set kept in float32; the call to paste."""
+
+    ops = True
+
+    def __init__(self, setup: Setup, target: LoadedModel) -> None:
+        graph = setup.loaded
+        self.graph = graph
+        self.base = blocks_of(target.model) or base_blocks(graph.model)
+        self.inferred = _inferred(graph.model)
+        self.converted: dict[tuple[frozenset[str], frozenset[str]], BlockList] = {}
+        base = self.base
+        self.candidates = [
+            n.name for n in graph.nodes if n.name not in base.nodes and n.op_type not in base.ops
+        ]
+        where = setup.target_info.description or setup.target_info.spec
+        self.verified_by = (
+            f"converting again with onnxconverter-common and running it on the target ({where})"
+        )
+
+    def model(self, keep: Collection[str], ops: Collection[str]) -> onnx.ModelProto:
+        model, blocks = convert_valid(self.inferred, self.base.plus(list(keep), list(ops)))
+        self.converted[frozenset(keep), frozenset(ops)] = blocks
+        return model
+
+    def nodes(self, keep: tuple[str, ...]) -> tuple[str, ...]:
+        """What onnx made the conversion keep with the set (an initializer shared with a
+        kept node, say) is part of the answer: the printed call keeps it too."""
+        return _added(self.converted.get((frozenset(keep), frozenset())), self.base) or keep
+
+    def answer(self, keep: tuple[str, ...], ops: tuple[str, ...]) -> dict[str, Any]:
+        key = (frozenset(() if ops else keep), frozenset(ops))
+        final = self.converted.get(key, self.base)
+        named = names_given(final.nodes, self.graph.model.graph)
+        return {
+            "nodes": _added(final, self.base),
+            "kind": "op_block_list" if ops else "node_block_list",
+            "ops": ops,
+            "call": final.call(),
+            "prepare": NAME_NODES if named else "",
+        }
+
+    def cross_check(self, inputs: GoalRuns, judge: _Judge, keep: Sequence[str]) -> str:
+        return ""  # verified as converted already
+
+
+class _Float32Nodes(_Convert):
+    """A torch target computing in float16 or bfloat16 (``dtype=``): the target itself
+    computes the set in float32 (``FLOAT32_NODES``: the operands cast up, its readers'
+    cast back, as autocast does for an excluded module); the answer names the modules the
+    nodes come from, and is also converted by onnxconverter-common as a ``node_block_list``
+    and run on the reference, for an ONNX user."""
+
+    ops = False
+
+    def __init__(self, setup: Setup) -> None:
+        self.graph = setup.loaded
+        self.base = base_blocks(self.graph.model)
+        self.candidates = [n.name for n in self.graph.nodes]
+        self.ref_label = setup.ref_info.description or setup.ref_info.spec
+        self.verified_by = (
+            f"running it on the target with the set in float32 ({setup.target_info.spec}, "
+            "these nodes' operands cast to float32 and their readers' back, as autocast "
+            "does for a module excluded from it)"
+        )
+
+    def model(self, keep: Collection[str], ops: Collection[str]) -> onnx.ModelProto:
+        return with_float32_nodes(self.graph.model, keep)
+
+    def nodes(self, keep: tuple[str, ...]) -> tuple[str, ...]:
+        return keep
+
+    def answer(self, keep: tuple[str, ...], ops: tuple[str, ...]) -> dict[str, Any]:
+        sources = [node_source(self.graph.node_protos[n]) for n in keep]
+        modules = tuple(dict.fromkeys(s.module for s in sources if s is not None and s.module))
+        blocks = self.base.plus(list(keep))
+        named = names_given(blocks.nodes, self.graph.model.graph)
+        return {"nodes": keep, "kind": "node_block_list", "ops": (), "call": blocks.call(),
+                "prepare": NAME_NODES if named else "", "modules": modules}  # fmt: skip
+
+    def cross_check(self, inputs: GoalRuns, judge: _Judge, keep: Sequence[str]) -> str:
+        """The set as a node_block_list, converted by onnxconverter-common and run on the
+        reference: does the goal hold there too (what an ONNX user gets)?"""
+        try:
+            model, _ = convert_valid(_inferred(self.graph.model), self.base.plus(list(keep)))
+            judged = inputs.figures(model, judge, backend=inputs.session.ref)
+        except (BackendError, ModelLoadError, ValueError, KeyError, ImportError) as exc:
+            return f"as a node_block_list not checked: {exc}"
+        met = sum(ok for _, ok in judged)
+        state = "meets the goal" if met == len(judged) else "MISSES the goal"
+        on = "" if len(judged) == 1 else f" on {met} of {len(judged)} inputs"
+        return (
+            "as a node_block_list, converted by onnxconverter-common and run on the reference "
+            f"({self.ref_label}), it {state}{on}"
+        )
+
+
+def _inferred(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model to convert: its external weights read in (the converter rewrites each
+    weight's type, and a float16 tensor left pointing at float32 bytes fails to load), its
+    shapes inferred."""
+    return onnx.shape_inference.infer_shapes(with_loaded_weights(model))
+
+
+def _applier(setup: Setup) -> _Convert | None:
+    """How a set is kept in float32 on this target: a float16 conversion converted again,
+    a torch dtype=float16/bfloat16 target told per node; None for anything else."""
+    precision = setup.target_precision.precision
+    if precision is Precision.FLOAT16 and setup.target_model is not None:
+        return _Convert(setup, setup.target_model)
+    if setup.target_model is not None or precision not in (Precision.FLOAT16, Precision.BFLOAT16):
+        return None
+    try:
+        spec = parse_spec(setup.target_info.spec)
+    except SpecError:
+        return None
+    if spec.name != "torch" or spec.option("dtype") not in ("float16", "bfloat16"):
+        return None  # another runtime's own float16 converts every node, with no way to say
+    return _Float32Nodes(setup)
+
+
+def _missed(judged: _Judged) -> bool:
+    return not judged[1]
+
+
+def _per_input(
+    labels: Sequence[str], before: Sequence[_Judged], after: Sequence[_Judged] | None
+) -> tuple[InputFigure, ...]:
+    """Each input's figure before and with the set (a failed run: one infinite figure)."""
+    if len(before) != len(labels) or (after is not None and len(after) != len(labels)):
+        return ()
+    return tuple(
+        InputFigure(
+            label,
+            b[0],
+            None if after is None else after[i][0],
+            b[1] if after is None else after[i][1],
+        )  # fmt: skip
+        for i, (label, b) in enumerate(zip(labels, before, strict=True))
     )
 
 
@@ -276,25 +432,67 @@ def _one_op(graph: LoadedModel, keep: Sequence[str], trials: _Trials) -> tuple[s
         return ()
 
 
-def _goal(session: Session, ref_out: Tensors) -> tuple[_Measure, str]:
-    """The worst output's rel_l2 and whether the goal holds: every output within what the
-    target's precision predicts (the criterion that judged the outputs), or the worst
-    output's rel_l2 under ``--quant-goal``."""
-    goal = session.options.quant_goal
+def _goal(session: Session, inputs: int) -> tuple[_Judge, str, str, Callable[[list[float]], float]]:
+    """How one input is judged, the goal in words, what the figure is, and the worst of the
+    inputs' figures: every output within what the target's precision predicts (the
+    criterion that judged the outputs) and the worst output's rel_l2; or ``--quant-goal``:
+    a number bounding the worst output's rel_l2, or a task goal's own figure."""
+    goal = session.options.goal()
     crit = session.crit
+    if goal is not None and goal.task:
 
-    def measure(out: Tensors) -> tuple[float, bool]:
+        def task(ref: Tensors, out: Tensors) -> _Judged:
+            value = goal.figure(ref, out)
+            return value, goal.met(value)
+
+        return task, goal.describe(inputs), goal.figure_name, goal.worst
+
+    lost = _lost_floors(session)
+
+    def judge(ref_out: Tensors, out: Tensors) -> _Judged:
         worst, ok = 0.0, True
         for name, ref in ref_out.items():
             c = compare_tensors(name, ref, out.get(name), crit)
             rel = c.metrics.get("rel_l2", math.inf) if not c.range_problem else math.inf
             worst = max(worst, rel if rel == rel else math.inf)
-            ok = ok and not c.diverged
+            ok = ok and (rel <= lost[name] if name in lost else not c.diverged)
         # rel_l2 >= 1: an output that lost its values (all zero) is no answer, whatever the
         # floors allow (a detector's tiny probabilities on random input have floors above 1).
-        return worst, worst <= goal if goal is not None else ok and worst < _NO_SIGNAL
+        return worst, worst <= goal.bound if goal is not None else ok and worst < _NO_SIGNAL
 
+    on = "" if inputs == 1 else f" on every one of {inputs} inputs"
+    figure = "worst output rel_l2"
     if goal is not None:
-        return measure, f"worst output rel_l2 <= {goal:g} (--quant-goal)"
-    what = "float16's predicted error" if crit.floors is not None else crit.agreement()
-    return measure, f"every output within {what}"
+        return judge, f"worst output rel_l2 <= {goal.bound:g}{on} (--quant-goal)", figure, max
+    what = crit.agreement()
+    if crit.floors is not None:
+        what = f"{crit.floors.precision.value}'s predicted error"
+    if lost:
+        shown = ", ".join(f"{n} rel_l2 <= {v:.2g}" for n, v in lost.items())
+        name = crit.floors.precision.value if crit.floors is not None else "the precision"
+        what += (
+            f" ({shown}: {name}'s faithful twin overflows before it, so it is held to "
+            f"{_LOST_UNITS} units of rounding)"
+        )
+    return judge, f"every output within {what}{on}", figure, max
+
+
+# Where the precision's own faithful twin overflowed before an output (its accumulated floor
+# 0 below a positive isolated one: no prediction), the output is held to this many units of
+# the precision's rounding (float16: 0.0098; bfloat16: 0.078).
+_LOST_UNITS = 20
+
+
+def _lost_floors(session: Session) -> dict[str, float]:
+    """The outputs whose predicted error the overflow itself took away, each with the bound
+    that stands in for it."""
+    floors = session.crit.floors
+    if floors is None:
+        return {}
+    bound = _LOST_UNITS * format_of(floors.precision).unit
+    out = {}
+    for name in session.loaded.outputs:
+        whole, alone = floors.accumulated.get(name), floors.isolated.get(name)
+        if whole == 0.0 and alone is not None and alone > 0.0:
+            out[name] = bound
+    return out

@@ -32,9 +32,18 @@ from onnx_bisect.options import BisectOptions
 from onnx_bisect.result import BackendInfo
 from onnx_bisect.transforms.registry import TransformRecord
 
-__all__ = ["Feeds", "Session", "Setup", "StageTimer"]
+__all__ = ["Feeds", "GoalInputs", "Session", "Setup", "StageTimer"]
 
 Feeds = Mapping[str, npt.NDArray[Any]]
+
+
+@dataclass(frozen=True)
+class GoalInputs:
+    """The inputs the keep searches' goal is measured over where there are several (a
+    dataset's, worst first): their labels, and how to load each."""
+
+    labels: tuple[str, ...]
+    load: Callable[[int], Feeds]
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,8 @@ class Setup:
     # What each side computes float32 work in, and where that is known from.
     ref_precision: PrecisionInfo = FLOAT32_DEFAULT
     target_precision: PrecisionInfo = FLOAT32_DEFAULT
+    # A dataset's inputs: the keep searches' goal holds on every one (None: the session's).
+    goal_inputs: GoalInputs | None = None
 
 
 @dataclass

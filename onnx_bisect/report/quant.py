@@ -6,11 +6,24 @@ from __future__ import annotations
 
 from html import escape
 
-from onnx_bisect.quant_result import KeepInFloat, KeepInFp32, QuantReport, QuantRow
+from onnx_bisect.quant_result import (
+    InputFigure,
+    KeepInFloat,
+    KeepInFp32,
+    QuantReport,
+    QuantRow,
+    figure_lines,
+)
 from onnx_bisect.report.escape import cell, code
 from onnx_bisect.text import fmt
 
-__all__ = ["keep_fp32_html", "keep_fp32_markdown", "quant_html", "quant_markdown"]
+__all__ = [
+    "figures_markdown",
+    "keep_fp32_html",
+    "keep_fp32_markdown",
+    "quant_html",
+    "quant_markdown",
+]
 
 ROWS = 12  # table rows shown; report.json has them all
 
@@ -38,7 +51,8 @@ def keep_fp32_markdown(k: KeepInFp32) -> list[str]:
     named = k.ops if k.kind == "op_block_list" else k.nodes
     out += [
         f"**{k.kind}** {', '.join(code(n) for n in named)} ({state}; {k.runs} runs): "
-        f"{k.goal}; worst output rel_l2 {fmt(k.before)} → {fmt(k.after)}",
+        f"{k.goal}; {_worst(k.per_input)}{k.figure} "
+        f"{fmt(k.before)} → {fmt(k.after)}",
         "",
         "```python",
         "from onnxconverter_common import float16",
@@ -46,7 +60,25 @@ def keep_fp32_markdown(k: KeepInFp32) -> list[str]:
         f"model = {k.call}",
         "```",
     ]
+    if k.modules:
+        out += ["", f"Modules to keep in float32: {', '.join(code(m) for m in k.modules)}"]
+    out += figures_markdown(k.figure, k.per_input)
     return out + (["", k.note] if k.note else [])
+
+
+def _worst(per_input: tuple[InputFigure, ...]) -> str:
+    return "worst input's " if len(per_input) > 1 else ""
+
+
+def figures_markdown(figure: str, per_input: tuple[InputFigure, ...]) -> list[str]:
+    """The goal's figure on each input, a table row each, where there are several."""
+    if len(per_input) < 2:
+        return []
+    out = ["", f"| input | {cell(figure)} | with the set | goal met |", "| --- | --- | --- | --- |"]
+    for f in per_input:
+        after = "" if f.after is None else fmt(f.after)
+        out.append(f"| {code(f.input)} | {fmt(f.before)} | {after} | {'yes' if f.met else 'no'} |")
+    return out
 
 
 def quant_markdown(q: QuantReport) -> list[str]:
@@ -64,6 +96,8 @@ def quant_markdown(q: QuantReport) -> list[str]:
         ]
         if k.model_path:
             out += [f"The patched model: {code(k.model_path)}", ""]
+    if k is not None and len(k.per_input) > 1:
+        out += [*figures_markdown(k.figure, k.per_input)[1:], ""]
     if k is not None and k.note:
         out += [k.note, ""]
     out += [f"- {q.pairing_summary()}"]
@@ -100,7 +134,7 @@ def keep_fp32_html(k: KeepInFp32) -> list[str]:
     if k.nodes or k.ops:
         code_lines = [line for line in (k.prepare, f"model = {k.call}") if line]
         out.append(f"<pre><code>{escape(chr(10).join(code_lines))}</code></pre>")
-    return out
+    return out + [f"<p>{escape(line)}</p>" for line in k.lines()]
 
 
 def quant_html(q: QuantReport) -> list[str]:
@@ -119,6 +153,8 @@ def quant_html(q: QuantReport) -> list[str]:
             out.append(
                 f'<p>The patched model: <span class="mono">{escape(k.model_path)}</span></p>'
             )
+    if k is not None:
+        out += [f"<p>{escape(line)}</p>" for line in figure_lines(k.figure, k.per_input)]
     if k is not None and k.note:
         out.append(f"<p>{escape(k.note)}</p>")
     out.append(f'<p class="sub">{escape(q.pairing_summary())}</p>')

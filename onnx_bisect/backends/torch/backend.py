@@ -21,7 +21,7 @@ from onnx_bisect.backends.torch.devices import (
     torch_missing,
     unavailable_without_torch,
 )
-from onnx_bisect.backends.torch.options import TorchOptions
+from onnx_bisect.backends.torch.options import TorchOptions, float32_nodes
 from onnx_bisect.compare.precision import Precision, PrecisionInfo
 from onnx_bisect.errors import BackendUnavailableError
 
@@ -115,7 +115,14 @@ class TorchBackend(BackendBase):
             policy, rounding = torch.float32, Rounding(o.round)
         device = torch.device(o.device)
         return Program(
-            model.graph, opsets, device, policy, self._weights, rounding, fallback=o.fallback
+            model.graph,
+            opsets,
+            device,
+            policy,
+            self._weights,
+            rounding,
+            fallback=o.fallback,
+            float32_nodes=float32_nodes(model),
         )
 
     def _took_stand_ins(self, program: Any) -> None:

@@ -40,6 +40,9 @@ class _Step:
     attrs: dict[str, Any]
     ctx: OpContext
     reads: frozenset[str]  # referenced_names(node), computed once
+    # The floating dtype every floating operand is cast to first (a node kept in float32
+    # under a float16 policy, and its readers back to the policy); None: as they come.
+    cast: torch.dtype | None = None
 
 
 # Sees a step's index, its operands and its results (``Program.run``'s ``observe``).
@@ -61,8 +64,14 @@ class Program:
         weights: WeightCache | None = None,
         rounding: Rounding | None = None,
         fallback: bool = False,
+        float32_nodes: frozenset[str] = frozenset(),
     ) -> None:
         self.graph, self.opsets, self.device, self.policy = graph, dict(opsets), device, policy
+        # Under a float16/bfloat16 policy, these nodes compute in float32 from operands cast
+        # up, and every other node casts a float32 operand back down to the policy: what
+        # autocast does for a module excluded from it (``FLOAT32_NODES``).
+        low = policy in (torch.float16, torch.bfloat16)
+        self.float32_nodes = float32_nodes if low else frozenset()
         self.rounding = rounding
         # ``fallback``: a node torch cannot compute is computed alone another way
         # (``stand_in.py``), recorded here by node name; without it, such a node fails the run.
@@ -102,10 +111,13 @@ class Program:
             why = str(exc).removeprefix(f"node {node.name!r}: ").split("; docs/")[0]
             fn = stand_in(node, self.opsets, why, self.stand_ins)
         types = tuple(self._declared.get(n, 0) for n in node.input)
+        kept = node.name in self.float32_nodes
+        policy = torch.float32 if kept else self.policy
         ctx = OpContext(
-            self.device, self.policy, opset or 0, self._run_subgraph, len(node.output), types
+            self.device, policy, opset or 0, self._run_subgraph, len(node.output), types
         )
-        return _Step(node, fn, attributes(node), ctx, reads)
+        cast = policy if self.float32_nodes else None
+        return _Step(node, fn, attributes(node), ctx, reads, cast)
 
     def tensors(self, arrays: Mapping[str, npt.NDArray[Any]]) -> dict[str, torch.Tensor | None]:
         """Any of the graph's values as tensors on the device, under the policy (values to
@@ -160,6 +172,8 @@ class Program:
                     continue
                 self._scope = env
                 operands = [self._operand(env[n], step.ctx) if n else None for n in step.node.input]
+                if step.cast is not None:
+                    operands = [_cast(o, step.cast) for o in operands]
                 if self.rounding is not None:
                     operands = self.rounding.operands(step.node.op_type, operands)
                 results = self._call(i, step, operands)
@@ -301,6 +315,13 @@ def _declared_types(graph: onnx.GraphProto) -> dict[str, int]:
         if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
             out[v.name] = v.type.tensor_type.elem_type
     return out
+
+
+def _cast(value: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A floating tensor in ``dtype``; others (integers, sequences, absent) as they are."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
+        return value.to(dtype)
+    return value
 
 
 def _drop(name: str, value: torch.Tensor | None) -> None:

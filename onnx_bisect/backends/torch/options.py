@@ -17,13 +17,30 @@ not installed.
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
+
+import onnx
 
 from onnx_bisect.backends.spec import BackendSpec
 from onnx_bisect.errors import SpecError
 
-__all__ = ["COMPILERS", "DTYPES", "KEYS", "ROUNDINGS", "TorchOptions"]
+__all__ = [
+    "COMPILERS",
+    "DTYPES",
+    "FLOAT32_NODES",
+    "KEYS",
+    "ROUNDINGS",
+    "TorchOptions",
+    "float32_nodes",
+    "with_float32_nodes",
+]
+
+# A model's metadata key: the nodes (a JSON list of names) a float16/bfloat16 dtype= run
+# computes in float32 (the keep-in-fp32 search's trials, ``engine/keep16.py``).
+FLOAT32_NODES = "onnx_bisect.float32_nodes"
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 COMPILERS = ("inductor", "aot_eager", "eager")
@@ -119,3 +136,24 @@ def _flag(spec: BackendSpec, key: str) -> bool | None:
     if value.lower() not in _FLAGS:
         raise SpecError(f"backend {spec.text!r}: {key} must be 0 or 1")
     return _FLAGS[value.lower()]
+
+
+def float32_nodes(model: onnx.ModelProto) -> frozenset[str]:
+    """The nodes ``model`` asks a float16/bfloat16 run to compute in float32."""
+    for prop in model.metadata_props:
+        if prop.key == FLOAT32_NODES:
+            return frozenset(json.loads(prop.value))
+    return frozenset()
+
+
+def with_float32_nodes(model: onnx.ModelProto, nodes: Collection[str]) -> onnx.ModelProto:
+    """A copy of ``model`` marked to compute ``nodes`` in float32 (external weights stay
+    where they are)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    kept = [p for p in out.metadata_props if p.key != FLOAT32_NODES]
+    del out.metadata_props[:]
+    out.metadata_props.extend(kept)
+    if nodes:
+        out.metadata_props.add(key=FLOAT32_NODES, value=json.dumps(sorted(nodes)))
+    return out

@@ -15,9 +15,10 @@ from typing import Any
 import numpy.typing as npt
 import onnx
 
+from onnx_bisect.compare.goal import QuantGoal
 from onnx_bisect.compare.quant import channel_rel_l2, mean_channel_rel_l2
 from onnx_bisect.compare.topk import topk_checks
-from onnx_bisect.engine.measure.runs import timed_run
+from onnx_bisect.engine.measure.goals import goal_runs
 from onnx_bisect.engine.passes.search import find_guilty
 from onnx_bisect.engine.quant.verify import requantized
 from onnx_bisect.engine.session import Session
@@ -26,7 +27,7 @@ from onnx_bisect.graph.qdq_plan import QDQPlan
 from onnx_bisect.graph.refloat import integer_kernels, restore_float
 from onnx_bisect.graph.unquantize import Unquantizer, is_qdq
 from onnx_bisect.graph.view import LoadedModel
-from onnx_bisect.quant_result import KeepInFloat, Sensitivity
+from onnx_bisect.quant_result import InputFigure, KeepInFloat, Sensitivity
 from onnx_bisect.text import fmt, plural
 
 __all__ = ["RECOVER", "search_keep_in_float"]
@@ -52,6 +53,8 @@ SEARCH_RUNS = 64
 SENSITIVITY_MAX = 32
 
 Tensors = Mapping[str, npt.NDArray[Any]]
+# One input's figure from the reference's outputs and the target's (under the float names).
+_Figure = Callable[[Tensors, Tensors], float]
 
 
 class _OutOfRuns(Exception):
@@ -106,26 +109,35 @@ def search_keep_in_float(
     candidates, patch, alias = patcher.candidates, patcher.patch, patcher.alias
     if not candidates:
         return None, ()
-    reference = timed_run(session.ref, ref_model.model, session.feeds, "ref", session.stats)
-    ref_out = {o: reference[o] for o in ref_model.outputs}
-    measure, goal_text = _goal(session, ref_out)
+    inputs = goal_runs(session)
+    inputs.references()
+    goal = session.options.goal()
+    figure, loss, goal_text, name = _goal(session, goal, len(inputs.feeds))
+    per_input: dict[Hashable, list[float]] = {}
 
     def run(keep: Collection[str]) -> float:
-        return measured(patch(keep), f"{len(keep)} node(s) in float")
+        figures: list[float] = []
+        value = measured(patch(keep), f"{len(keep)} node(s) in float", figures)
+        per_input[patcher.key(keep)] = figures
+        return value
 
-    def measured(model: onnx.ModelProto, what: str) -> float:
+    def measured(model: onnx.ModelProto, what: str, figures: list[float] | None = None) -> float:
         try:
-            out = timed_run(session.target, model, session.feeds, "target", session.stats)
+            got = inputs.figures(
+                model, lambda r, o: figure(r, _by_reference_names(ref_model, target, o))
+            )
         except BackendError as exc:
             log.info("%s failed: %s", what, exc)
             return float("inf")
-        value = measure(_by_reference_names(ref_model, target, out))
+        if figures is not None:
+            figures += got
+        value = max((loss(f) for f in got), default=float("inf"))
         value = value if value == value else float("inf")  # NaN: far from the goal
         log.info("%s: %s %.4g", what, goal_text, value)
         return value
 
-    goal = session.options.quant_goal
-    trials = _Trials(run, goal if goal is not None else float("inf"), patcher.key)
+    limit = goal.limit if goal is not None else float("inf")
+    trials = _Trials(run, limit, patcher.key)
     named = [alias.get(n, n) for n in suspects]
     # A flagged node's output keeps its pair while a quantized reader marks it: the readers
     # are suspects with it.
@@ -143,7 +155,7 @@ def search_keep_in_float(
             keep, note = _absolute(trials, candidates, suspects, before, every, goal_text)
             order = [n for n in dict.fromkeys([*keep, *order])]
             sensitivity = _sensitivity(trials, order)
-            goal_text = f"{goal_text} ≤ {goal:g}"
+            goal_text = f"{goal_text} ≤ {limit:g}"
         trials.budget = None
         after = trials.error(keep) if keep else before
         path = ""
@@ -152,13 +164,43 @@ def search_keep_in_float(
             path = model_path
     if patcher.note:
         note = f"{note + '; ' if note else ''}{patcher.note}"
-    found = KeepInFloat(
-        keep, goal_text, before, after, after <= trials.limit, trials.runs, path, note
+    figures = _per_input(
+        inputs.labels, per_input, patcher.key, keep, lambda f: loss(f) <= trials.limit
     )
+    found = KeepInFloat(
+        keep, goal_text, before, after, after <= trials.limit, trials.runs, path, note,
+        per_input=figures, figure=name,
+    )  # fmt: skip
     if keep:
         with session.timer.stage("re-quantize"):
             found = requantized(session, target, found, trials.limit, measured)
     return found, sensitivity
+
+
+def _per_input(
+    labels: Sequence[str],
+    measured: Mapping[Hashable, list[float]],
+    key: Callable[[Collection[str]], Hashable],
+    keep: Collection[str],
+    meets: Callable[[float], bool],
+) -> tuple[InputFigure, ...]:
+    """Each input's figure as quantized and with the set in float, where all were measured;
+    ``meets``: whether one input's figure is within the goal."""
+    before, after = measured.get(key(())), measured.get(key(keep)) if keep else None
+    if (
+        before is None
+        or len(before) != len(labels)
+        or (after is not None and len(after) != len(labels))
+    ):
+        return ()
+
+    def met(i: int) -> bool:
+        return meets(before[i] if after is None else after[i])
+
+    return tuple(
+        InputFigure(label, before[i], None if after is None else after[i], met(i))
+        for i, label in enumerate(labels)
+    )
 
 
 @dataclass(frozen=True)
@@ -319,25 +361,34 @@ def _search(
         )
 
 
-def _goal(session: Session, ref_out: Tensors) -> tuple[Callable[[Tensors], float], str]:
-    """The number the goal bounds: 1 − the worst top-1 agreement with ``--topk``; the worst
-    output channel's rel_l2 with --quant-goal; else the mean output channel's, worst output."""
+def _goal(
+    session: Session, goal: QuantGoal | None, inputs: int
+) -> tuple[_Figure, Callable[[float], float], str, str]:
+    """One input's figure, the number the goal bounds from it (the worst input's decides),
+    the goal in words and the figure's name. A task goal (``top1:logits@last>=1``): its own
+    figure, bounded as 1 − agreement or the error. Else with ``--topk``: the worst top-1
+    agreement, bounded as 1 − it; with a number: the worst output channel's rel_l2; with
+    none: the mean output channel's, worst output."""
+    on = "" if inputs == 1 else f" (worst of {inputs} inputs)"
+    if goal is not None and goal.task:
+        text = ("1 − " if goal.metric == "top1" else "") + goal.figure_name + on
+        return goal.figure, goal.loss, text, goal.figure_name
     specs = list(session.options.topk_specs())
     if specs:
 
-        def disagreement(out: Tensors) -> float:
-            checks = topk_checks(specs, ref_out, out)
-            return 1.0 - min((c.top1_agreement for c in checks), default=1.0)
+        def agreement(ref: Tensors, out: Tensors) -> float:
+            checks = topk_checks(specs, ref, out)
+            return min((c.top1_agreement for c in checks), default=1.0)
 
-        return disagreement, "top-1 disagreement"
-    absolute = session.options.quant_goal is not None
-    per_output = channel_rel_l2 if absolute else mean_channel_rel_l2
+        return agreement, lambda f: 1.0 - f, f"top-1 disagreement{on}", "top-1 agreement"
+    per_output = channel_rel_l2 if goal is not None else mean_channel_rel_l2
+    name = "worst output channel rel_l2" if goal is not None else "mean output channel rel_l2"
 
-    def error(out: Tensors) -> float:
+    def error(ref: Tensors, out: Tensors) -> float:
         return max(per_output(v, out[k]) if k in out else float("inf")
-                   for k, v in ref_out.items())  # fmt: skip
+                   for k, v in ref.items())  # fmt: skip
 
-    return error, "worst output channel rel_l2" if absolute else "mean output channel rel_l2"
+    return error, lambda f: f, f"{name}{on}", name
 
 
 def _by_reference_names(ref: LoadedModel, target: LoadedModel, out: Tensors) -> dict[str, Any]:
