@@ -32,7 +32,7 @@ from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.session import Session
 from onnx_bisect.engine.subgraphs import Candidate, Fed, candidates, reference_window
 from onnx_bisect.errors import BackendCrash, BackendError
-from onnx_bisect.graph.extract import prefix_model
+from onnx_bisect.graph.extract import live_tensors, prefix_model, window_exits
 from onnx_bisect.graph.save import save_portable
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.repro.script import render_repro_script
@@ -72,6 +72,8 @@ class BundleJob:
     failed_alone: tuple[str, ...] = ()
     # Nodes the target ran alone though every prefix holding them fails (``Found``).
     ran_alone: tuple[str, ...] = ()
+    # Tensors no candidate marks as an output (``Found.unmarked``: a crash needs them unseen).
+    unmarked: tuple[str, ...] = ()
 
     @property
     def target(self) -> Backend:
@@ -355,9 +357,12 @@ def _reproduce(job: BundleJob, cand: Candidate) -> Fed | None:
 def _build(job: BundleJob, cand: Candidate, outputs: Sequence[str] | None) -> Fed:
     loaded, store, feeds = job.loaded, job.store, job.session.feeds
     if not cand.prefix:
+        if outputs is None and job.unmarked:
+            outputs = _unmarked(job, window_exits(loaded, cand.nodes))
         fed = reference_window(loaded, store, feeds, cand.nodes, outputs)
         return Fed(_finish(fed.model), fed.inputs, fed.outputs)
-    model = prefix_model(loaded, len(cand.nodes), store.metas)
+    live = _unmarked(job, live_tensors(loaded, len(cand.nodes))) if job.unmarked else None
+    model = prefix_model(loaded, len(cand.nodes), store.metas, live)
     if outputs is not None:
         model = _keep_outputs(model, outputs)
     used = {i.name for i in model.graph.input}
@@ -365,6 +370,13 @@ def _build(job: BundleJob, cand: Candidate, outputs: Sequence[str] | None) -> Fe
     names = [o.name for o in model.graph.output]
     refs = {t: np.asarray(store.get(t)) for t in names if t in store}
     return Fed(_finish(model), inputs, refs)
+
+
+def _unmarked(job: BundleJob, names: Sequence[str]) -> list[str] | None:
+    """``names`` without the tensors the bundle must leave unobserved; None (the default
+    outputs) where nothing would be left."""
+    kept = [t for t in names if t not in job.unmarked]
+    return kept or None
 
 
 def _keep_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
