@@ -203,7 +203,7 @@ def _search(
     runs_before = stats.runs.get("target", 0)
     tried = 0  # candidates checked, for a compiler each one compile
     last_written: tuple[Candidate, str] | None = None
-    for cand in candidates(loaded, job.store, start):
+    for cand in _candidates(job, start):
         if not _can_reproduce(job, cand):
             continue
         built = _build(job, cand, None) if check_only else _reproduce(job, cand)
@@ -254,6 +254,19 @@ def _search(
     return ReproInfo(
         str(out_dir), kind, names, len(loaded.nodes), runs, not cand.prefix, False, said
     )
+
+
+def _candidates(job: BundleJob, start: Sequence[str]) -> Iterator[Candidate]:
+    """``candidates``; where a crash needs tensors unobserved, the last start node with all
+    its ancestors, fed the model's inputs, before the whole prefix: the smallest model that
+    holds the fusion when the reference's values cannot feed a window (a second model's)."""
+    loaded = job.loaded
+    for cand in candidates(loaded, job.store, start):
+        if cand.prefix and job.unmarked:
+            end = cand.nodes[-1].index
+            closure = sorted(loaded.ancestors(end) | {end})
+            yield Candidate(tuple(loaded.nodes[i] for i in closure), False)
+        yield cand
 
 
 def _check(

@@ -79,7 +79,28 @@ def integer_grids(session: Session) -> IntegerGrids:
             params[name] = _params(values[q.scale], zp)
             runtime.append(name)
     bounds = _bounds(loaded, chains, params, values)
+    for name in _bias_integers(loaded, chains):  # rounded from a run-time scale: one step
+        params.setdefault(name, QParams(np.ones(1), np.zeros(1), "int32"))
     return IntegerGrids(params, bounds, tuple(runtime))
+
+
+def _bias_integers(loaded: LoadedModel, chains: Mapping[str, Chain]) -> list[str]:
+    """A ConvInteger's bias as quantize_dynamic makes it at run time (bias ÷ the product of
+    scales -> Floor -> Cast -> Reshape, added to the accumulator): the integer tensors and
+    the Floor's, which a scale one ulp apart moves by one whole step here and there."""
+    names: list[str] = []
+    for acc, (after, _, _) in chains.items():
+        if len(after) < 2:
+            continue
+        add = loaded.producer.get(after[0])
+        tensor = next((t for t in add.inputs if t != acc), "") if add is not None else ""
+        while tensor:
+            node = loaded.producer.get(tensor)
+            if node is None or node.op_type not in ("Reshape", "Cast", "Floor"):
+                break
+            names.append(tensor)
+            tensor = node.inputs[0]
+    return names
 
 
 def _quantizes(loaded: LoadedModel, name: str) -> bool:

@@ -102,7 +102,10 @@ def failure_search(
         with s.timer.stage("bisect"):
             hidden = hidden_crash(s, loaded, node, metas) if node.index > 0 else None
         if hidden is not None:
-            return _hidden_found(hidden, model_message or message, search, loaded.nodes)
+            found = _hidden_found(hidden, model_message or message, search, loaded.nodes)
+            if loaded is not s.loaded:  # cut from the model the target ran; fed its inputs
+                found = replace(found, cut_from=loaded, store=s.store("bundle"))
+            return found
         hang = _TIMED_OUT.search(message)
         how = f"hangs ({hang.group(0)})" if hang else "crashes"
         cause = RootCause(
