@@ -99,8 +99,11 @@ def failure_search(
     whole = "on the full model" if failing is None else f"on the prefix of {failing} nodes"
     search = search_info(outcome, why or f"the target {_did(failure)} {whole}", node)
     if isinstance(error, BackendCrash):
-        with s.timer.stage("bisect"):
-            hidden = hidden_crash(s, loaded, node, metas) if node.index > 0 else None
+        # A hang is not searched again: each run of a hanging prefix costs the whole timeout.
+        hidden = None
+        if node.index > 0 and not _TIMED_OUT.search(message):
+            with s.timer.stage("bisect"):
+                hidden = hidden_crash(s, loaded, node, metas)
         if hidden is not None:
             found = _hidden_found(hidden, model_message or message, search, loaded.nodes)
             if loaded is not s.loaded:  # cut from the model the target ran; fed its inputs
