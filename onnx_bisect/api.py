@@ -258,5 +258,6 @@ def _repro(session: Session, found: Found, out_dir: Path) -> ReproInfo:
         symptom=symptom,
         failed_alone=found.failed_alone,
         ran_alone=found.ran_alone,
+        unmarked=found.unmarked,
     )
     return write_repro(job, start, out_dir, verify_in_process=not session.setup.target_from_spec)

@@ -460,15 +460,15 @@ def agreement(r: BisectResult) -> str:
 
 def within_integer_steps(r: BisectResult) -> str:
     """``agrees within the int8 precision: y within what its integer inputs one quantization
-    step apart make``, where one quantized model's outputs differ only so; else ""."""
-    steps = r.quant.steps if r.quant is not None else None
-    if r.diverged or steps is None:
-        return ""
+    step apart make``, where one quantized model's outputs differ only so, or by such flips
+    amplified (a precision cause, ``engine/quant/amplified.py``); else ""."""
+    steps, rc = r.quant.steps if r.quant is not None else None, r.root_cause
     outputs = {c.tensor for c in r.outputs if c.diverged is False and c.within_precision}
-    apart = [(t, why) for t, why in steps.apart if t in outputs]
-    if not apart:
+    apart = [(t, why) for t, why in (steps.apart if steps else ()) if t in outputs]
+    amplified = rc is not None and rc.kind is CauseKind.PRECISION
+    if r.diverged or steps is None or not (apart or amplified):
         return ""
-    said = "; ".join(f"{t} {why}" for t, why in apart[:3])
+    said = rc.reason if amplified and rc else "; ".join(f"{t} {why}" for t, why in apart[:3])
     return f"agrees within the int8 precision: {said}"
 
 
@@ -552,7 +552,7 @@ def _finding_lines(r: BisectResult) -> list[Text]:
         )
     rc = r.root_cause
     if rc is not None:
-        own = r.diverged or rc.kind is CauseKind.REFERENCE  # a cause of its own, not inside
+        own = r.diverged or rc.kind in (CauseKind.REFERENCE, CauseKind.PRECISION)  # not inside
         head, below = ("Root cause", "") if own else (INSIDE_CAUSE, f"; {INSIDE}")
         names = Text.assemble((", ".join(rc.nodes), "cyan"), " — ") if rc.nodes else Text()
         lines.append(

@@ -198,19 +198,23 @@ def _within_flips(
     name: str, ref: Array, target: Array, bound: Array, crit: Criterion
 ) -> Comparison | None:
     """``target`` differs from ``ref`` somewhere, nowhere by more than what its integer
-    inputs one step apart make (``bound``, per last-axis column): within the int8
-    precision. None where it is not so (judged as any tensor then)."""
+    inputs one step apart make (``bound``: per last-axis column, or per channel shaped to
+    broadcast, (M, 1, 1) for a convolution's output): within the int8 precision. None where it
+    is not so (judged as any tensor then)."""
     r, t = np.asarray(ref, np.float64), np.asarray(target, np.float64)
     d = np.abs(t - r)
-    if not d.size or not np.all(np.isfinite(d)) or (bound.size > 1 and d.shape[-1] != bound.size):
+    if not d.size or not np.all(np.isfinite(d)) or not _broadcasts(bound, d):
         return None
     share = d / np.maximum(bound, 1e-30)
     worst = float(np.max(share))
     if not 0.0 < worst <= crit.quant_steps:
         return None
-    # A flipped input element moves one row (all axes but the last) of the result; a kernel
-    # that is off moves every row, by less than the worst-case bound when it is a few
-    # percent: past a quarter of the rows, the difference is not a few flips.
+    # A flipped input element moves one row (all axes but the bound's, a column or a
+    # channel) of the result; a kernel that is off moves every row, by less than the
+    # worst-case bound when it is a few percent: past a quarter of the rows, the difference
+    # is not a few flips.
+    if bound.ndim > 1 and share.ndim >= bound.ndim:
+        share = np.moveaxis(share, share.ndim - bound.ndim, -1)
     rows = share.reshape(-1, share.shape[-1]) if share.ndim else share.reshape(1, 1)
     if float(np.mean(np.any(rows > FLIP_SHARE, axis=1))) > FLIPPED_ROWS:
         return None
@@ -230,6 +234,19 @@ def _within_flips(
         ref_dtype=_dtype_text(ref.dtype), target_dtype=_dtype_text(target.dtype),
         within_precision=True,
     )  # fmt: skip
+
+
+def _broadcasts(bound: Array, d: Array) -> bool:
+    """Whether ``bound`` applies to a difference of ``d``'s shape: one value, a column per
+    last-axis element, or a channel axis shaped to broadcast, (M, 1, ..., 1)."""
+    if bound.size == 1:
+        return True
+    if bound.ndim == 1:
+        return d.ndim >= 1 and d.shape[-1] == bound.size
+    if bound.ndim > d.ndim:
+        return False
+    channel = d.shape[d.ndim - bound.ndim]
+    return tuple(bound.shape) == (channel,) + (1,) * (bound.ndim - 1)
 
 
 def _on_grid(ref: Array, target: Array, p: QParams, crit: Criterion) -> bool:

@@ -33,6 +33,7 @@ from onnx_bisect.engine.precision import (
     unasked_precision,
     unasked_precision_cause,
 )
+from onnx_bisect.engine.quant.amplified import flips_amplified
 from onnx_bisect.engine.quant.prelude import prepare_early
 from onnx_bisect.engine.quant.steps import GRIDS, IntegerGrids, integer_grids, one_model_report
 from onnx_bisect.engine.recorded import option_feeds
@@ -328,7 +329,20 @@ def diagnose(session: Session, screened: Screened | None = None) -> Diagnosis:
         # the target is not the one that diverged.
         session.notes.append(reference_off_note(found))
         diverged = False
+    amplified = flips_amplified(session, found, _worst(screened)) if diverged else None
+    if amplified is not None:  # one quantized model's integers a step apart, amplified
+        found, diverged = replace(found, cause=amplified), False
     return Diagnosis(screened, found, diverged)
+
+
+# Causes that answer why agreeing outputs (by the diagnosis) moved: shown with exit 0.
+_NOT_DIVERGED = (CauseKind.REFERENCE, CauseKind.PRECISION)
+
+
+def _worst(screened: Observed) -> float | None:
+    """The largest rel_l2 among the final outputs."""
+    errors = [c.metrics.get("rel_l2") for c in screened.comparisons.values()]
+    return max((e for e in errors if e is not None), default=None)
 
 
 def to_result(
@@ -383,7 +397,8 @@ def to_result(
         and (
             diagnosis.diverged
             or (first and setup.options.always_scan)
-            or (found.cause is not None and found.cause.kind is CauseKind.REFERENCE)
+            # The reference the weaker side, or one quantized model's flips amplified.
+            or (found.cause is not None and found.cause.kind in _NOT_DIVERGED)
         )
         else None,
         nodes=found.nodes if found else (),

@@ -41,3 +41,6 @@ class Found:
     # The nodes a repro bundle starts from where not the root cause's alone: the node that
     # loses a tensor's rank, the path of that tensor and the node that fails on it.
     bundle_from: tuple[str, ...] = ()
+    # Tensors a bundle must not mark as outputs: a crash that needs them unobserved (a fusion
+    # through them, search/hidden.py) runs once they are marked.
+    unmarked: tuple[str, ...] = ()

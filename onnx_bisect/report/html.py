@@ -28,6 +28,7 @@ from onnx_bisect.result import (
     INSIDE,
     INSIDE_CAUSE,
     INSIDE_FIRST,
+    CauseKind,
     agreement,
     headline,
     lowered_by_runtime,
@@ -165,7 +166,9 @@ def _facts(r: BisectResult) -> list[tuple[str, str]]:
             text += f"<br>The target said:<pre>{escape(rc.message)}</pre>"
         if rc.model_message:
             text += f"On the full model it said:<pre>{escape(rc.model_message)}</pre>"
-        facts.append(("Root cause" if r.diverged else f"{INSIDE_CAUSE} ({INSIDE})", text))
+        # The reference the weaker side, or a quantized model's flips: a cause of its own.
+        own = r.diverged or rc.kind in (CauseKind.REFERENCE, CauseKind.PRECISION)
+        facts.append(("Root cause" if own else f"{INSIDE_CAUSE} ({INSIDE})", text))
     if chain := chain_line(r):
         facts.append(("Amplification chain", escape(chain)))
     if r.pass_bisection is not None:

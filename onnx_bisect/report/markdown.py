@@ -36,6 +36,7 @@ from onnx_bisect.result import (
     precision_phrase,
     reference_less_exact,
     target_arg,
+    within_integer_steps,
     within_precision,
 )
 
@@ -238,6 +239,7 @@ def _summary(result: BisectResult) -> list[str]:
         agree = (
             within_precision(result)
             or weaker
+            or within_integer_steps(result)
             or f"every final output agrees: {agreement(result)}"
         )
         lines = [f"**No divergence**: {agree}.", *precision, *_dataset_lines(result)]

@@ -32,7 +32,7 @@ from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.session import Session
 from onnx_bisect.engine.subgraphs import Candidate, Fed, candidates, reference_window
 from onnx_bisect.errors import BackendCrash, BackendError
-from onnx_bisect.graph.extract import prefix_model
+from onnx_bisect.graph.extract import live_tensors, prefix_model, window_exits
 from onnx_bisect.graph.save import save_portable
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.repro.script import render_repro_script
@@ -72,6 +72,8 @@ class BundleJob:
     failed_alone: tuple[str, ...] = ()
     # Nodes the target ran alone though every prefix holding them fails (``Found``).
     ran_alone: tuple[str, ...] = ()
+    # Tensors no candidate marks as an output (``Found.unmarked``: a crash needs them unseen).
+    unmarked: tuple[str, ...] = ()
 
     @property
     def target(self) -> Backend:
@@ -201,7 +203,7 @@ def _search(
     runs_before = stats.runs.get("target", 0)
     tried = 0  # candidates checked, for a compiler each one compile
     last_written: tuple[Candidate, str] | None = None
-    for cand in candidates(loaded, job.store, start):
+    for cand in _candidates(job, start):
         if not _can_reproduce(job, cand):
             continue
         built = _build(job, cand, None) if check_only else _reproduce(job, cand)
@@ -252,6 +254,19 @@ def _search(
     return ReproInfo(
         str(out_dir), kind, names, len(loaded.nodes), runs, not cand.prefix, False, said
     )
+
+
+def _candidates(job: BundleJob, start: Sequence[str]) -> Iterator[Candidate]:
+    """``candidates``; where a crash needs tensors unobserved, the last start node with all
+    its ancestors, fed the model's inputs, before the whole prefix: the smallest model that
+    holds the fusion when the reference's values cannot feed a window (a second model's)."""
+    loaded = job.loaded
+    for cand in candidates(loaded, job.store, start):
+        if cand.prefix and job.unmarked:
+            end = cand.nodes[-1].index
+            closure = sorted(loaded.ancestors(end) | {end})
+            yield Candidate(tuple(loaded.nodes[i] for i in closure), False)
+        yield cand
 
 
 def _check(
@@ -355,9 +370,12 @@ def _reproduce(job: BundleJob, cand: Candidate) -> Fed | None:
 def _build(job: BundleJob, cand: Candidate, outputs: Sequence[str] | None) -> Fed:
     loaded, store, feeds = job.loaded, job.store, job.session.feeds
     if not cand.prefix:
+        if outputs is None and job.unmarked:
+            outputs = _unmarked(job, window_exits(loaded, cand.nodes))
         fed = reference_window(loaded, store, feeds, cand.nodes, outputs)
         return Fed(_finish(fed.model), fed.inputs, fed.outputs)
-    model = prefix_model(loaded, len(cand.nodes), store.metas)
+    live = _unmarked(job, live_tensors(loaded, len(cand.nodes))) if job.unmarked else None
+    model = prefix_model(loaded, len(cand.nodes), store.metas, live)
     if outputs is not None:
         model = _keep_outputs(model, outputs)
     used = {i.name for i in model.graph.input}
@@ -365,6 +383,13 @@ def _build(job: BundleJob, cand: Candidate, outputs: Sequence[str] | None) -> Fe
     names = [o.name for o in model.graph.output]
     refs = {t: np.asarray(store.get(t)) for t in names if t in store}
     return Fed(_finish(model), inputs, refs)
+
+
+def _unmarked(job: BundleJob, names: Sequence[str]) -> list[str] | None:
+    """``names`` without the tensors the bundle must leave unobserved; None (the default
+    outputs) where nothing would be left."""
+    kept = [t for t in names if t not in job.unmarked]
+    return kept or None
 
 
 def _keep_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:

@@ -79,7 +79,28 @@ def integer_grids(session: Session) -> IntegerGrids:
             params[name] = _params(values[q.scale], zp)
             runtime.append(name)
     bounds = _bounds(loaded, chains, params, values)
+    for name in _bias_integers(loaded, chains):  # rounded from a run-time scale: one step
+        params.setdefault(name, QParams(np.ones(1), np.zeros(1), "int32"))
     return IntegerGrids(params, bounds, tuple(runtime))
+
+
+def _bias_integers(loaded: LoadedModel, chains: Mapping[str, Chain]) -> list[str]:
+    """A ConvInteger's bias as quantize_dynamic makes it at run time (bias ÷ the product of
+    scales -> Floor -> Cast -> Reshape, added to the accumulator): the integer tensors and
+    the Floor's, which a scale one ulp apart moves by one whole step here and there."""
+    names: list[str] = []
+    for acc, (after, _, _) in chains.items():
+        if len(after) < 2:
+            continue
+        add = loaded.producer.get(after[0])
+        tensor = next((t for t in add.inputs if t != acc), "") if add is not None else ""
+        while tensor:
+            node = loaded.producer.get(tensor)
+            if node is None or node.op_type not in ("Reshape", "Cast", "Floor"):
+                break
+            names.append(tensor)
+            tensor = node.inputs[0]
+    return names
 
 
 def _quantizes(loaded: LoadedModel, name: str) -> bool:
@@ -97,45 +118,96 @@ def _params(scale: npt.NDArray[Any], zero: npt.NDArray[Any] | None) -> QParams:
     return QParams(s, np.asarray(z, np.float64).ravel(), str(z.dtype))
 
 
-def _chains(loaded: LoadedModel) -> dict[str, tuple[str, str, str]]:
-    """Each MatMulInteger's accumulator -> its Cast, the product of scales, the float result."""
-    out = {}
+# An integer kernel's accumulator -> the integer tensors after it (a ConvInteger's bias Add)
+# and its Cast, the product of scales, the float result.
+Chain = tuple[tuple[str, ...], str, str]
+
+
+def _chains(loaded: LoadedModel) -> dict[str, Chain]:
+    """Each MatMulInteger's or ConvInteger's accumulator and what turns it back into floats
+    (``Chain``): quantize_dynamic adds a ConvInteger's bias, quantized with the run-time
+    scale, to the accumulator before the Cast."""
+    out: dict[str, Chain] = {}
     for n in loaded.nodes:
-        if n.op_type == "MatMulInteger" and n.outputs:
-            chain = dynamic_chain(loaded.readers, n.outputs[0])
-            if chain is not None:
-                out[n.outputs[0]] = chain
+        if n.op_type not in ("MatMulInteger", "ConvInteger") or not n.outputs:
+            continue
+        acc, after = n.outputs[0], tuple[str, ...]()
+        readers = loaded.readers.get(acc, ())
+        if n.op_type == "ConvInteger" and len(readers) == 1 and readers[0].op_type == "Add":
+            after = (readers[0].outputs[0],)
+        chain = dynamic_chain(loaded.readers, after[-1] if after else acc)
+        if chain is not None:
+            out[acc] = ((*after, chain[0]), chain[1], chain[2])
     return out
 
 
 def _bounds(
     loaded: LoadedModel,
-    chains: Mapping[str, tuple[str, str, str]],
+    chains: Mapping[str, Chain],
     params: Mapping[str, QParams],
     values: Mapping[str, npt.NDArray[Any]],
 ) -> Bounds:
-    """Per accumulator, Cast and float result whose MatMulInteger reads a gridded integer A and
-    a weight B: the largest difference one step of every A element makes, per column."""
+    """Per accumulator, the integer tensors after it and its float result, where the
+    MatMulInteger or ConvInteger reads a gridded integer A and a weight B: the largest
+    difference one step of every A element makes, per output column (a ConvInteger's: per
+    output channel, shaped to broadcast over its output, one more for its bias, which the
+    run-time scale quantizes too)."""
     inits = initializers(loaded)
     out: Bounds = {}
-    for acc, (cast, scales, result) in chains.items():
+    for acc, (after, scales, result) in chains.items():
         node = loaded.producer[acc]
         a, b = node.inputs[0], node.inputs[1]
         if a not in params or b not in inits:
             continue  # only flips of a gridded input against fixed weights are bounded
-        w = np.asarray(tensor_array(inits[b]), np.float64)
-        zero = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] else ""
-        if zero:
-            if zero not in inits:
-                continue
-            w = w - np.asarray(tensor_array(inits[zero]), np.float64).reshape(-1)
-        if w.ndim != 2 or scales not in values:
+        spread = _spread(node.op_type, node.inputs, inits)
+        if spread is None or scales not in values:
             continue
-        spread = np.sum(np.abs(w), axis=0)  # in accumulator units, per output column
-        out[acc] = out[cast] = spread
+        out[acc] = spread
+        if len(after) > 1:  # the bias, quantized with a scale one ulp apart: one more step
+            spread = spread + 1.0
+        out.update(dict.fromkeys(after, spread))
         factor = np.asarray(values[scales], np.float64).reshape(-1)
-        out[result] = spread * (factor if factor.size in (1, spread.size) else np.max(factor))
+        if factor.size not in (1, spread.size):
+            factor = np.max(factor, keepdims=True)
+        out[result] = spread * factor.reshape(spread.shape if factor.size > 1 else (1,))
+        biased = _bias_added(loaded, result)
+        if biased:  # a constant added moves nothing: the same bound
+            out[biased] = out[result]
     return out
+
+
+def _bias_added(loaded: LoadedModel, result: str) -> str:
+    """The output of the Add that adds a constant (quantize_dynamic's float bias of a
+    ConvInteger, reshaped) to ``result``, its only reader; "" where there is none."""
+    readers = loaded.readers.get(result, ())
+    if len(readers) != 1 or readers[0].op_type != "Add" or len(readers[0].inputs) != 2:
+        return ""
+    other = next((t for t in readers[0].inputs if t != result), "")
+    fixed = set(loaded.initializers) | set(loaded.constants)
+    return readers[0].outputs[0] if other in fixed else ""
+
+
+def _spread(
+    op: str, inputs: Sequence[str], inits: Mapping[str, Any]
+) -> npt.NDArray[np.float64] | None:
+    """Σ |B - zero point| over what one output element reads, in accumulator units: per
+    column of a MatMulInteger's (N,), per output channel of a ConvInteger's, as (M, 1, ...)."""
+    w = np.asarray(tensor_array(inits[inputs[1]]), np.float64)
+    zero = inputs[3] if len(inputs) > 3 and inputs[3] else ""
+    if zero and zero not in inits:
+        return None
+    z = np.asarray(tensor_array(inits[zero]), np.float64).reshape(-1) if zero else np.zeros(1)
+    spread: npt.NDArray[np.float64]
+    if op == "MatMulInteger":
+        if w.ndim != 2:
+            return None
+        spread = np.sum(np.abs(w - z), axis=0)
+        return spread
+    if w.ndim < 3 or z.size not in (1, w.shape[0]):
+        return None
+    w = w - z.reshape((-1,) + (1,) * (w.ndim - 1))
+    spread = np.sum(np.abs(w), axis=tuple(range(1, w.ndim)))
+    return spread.reshape((-1,) + (1,) * (w.ndim - 2))
 
 
 def one_model_report(grids: IntegerGrids, compared: Sequence[Comparison]) -> QuantReport:

@@ -22,6 +22,7 @@ from onnx_bisect.engine.measure.observe import scan
 from onnx_bisect.engine.measure.runs import timed_run
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.search.cut import search_info
+from onnx_bisect.engine.search.hidden import HiddenCrash, hidden_crash
 from onnx_bisect.engine.search.state import CutSearch
 from onnx_bisect.engine.search.typecheck import TypeChange, type_change
 from onnx_bisect.engine.search.typeloss import TypeLoss, type_loss
@@ -98,6 +99,16 @@ def failure_search(
     whole = "on the full model" if failing is None else f"on the prefix of {failing} nodes"
     search = search_info(outcome, why or f"the target {_did(failure)} {whole}", node)
     if isinstance(error, BackendCrash):
+        # A hang is not searched again: each run of a hanging prefix costs the whole timeout.
+        hidden = None
+        if node.index > 0 and not _TIMED_OUT.search(message):
+            with s.timer.stage("bisect"):
+                hidden = hidden_crash(s, loaded, node, metas)
+        if hidden is not None:
+            found = _hidden_found(hidden, model_message or message, search, loaded.nodes)
+            if loaded is not s.loaded:  # cut from the model the target ran; fed its inputs
+                found = replace(found, cut_from=loaded, store=s.store("bundle"))
+            return found
         hang = _TIMED_OUT.search(message)
         how = f"hangs ({hang.group(0)})" if hang else "crashes"
         cause = RootCause(
@@ -118,6 +129,22 @@ def failure_search(
     if found.cause is not None and model_message:
         found = replace(found, cause=replace(found.cause, model_message=model_message))
     return found
+
+
+def _hidden_found(
+    hidden: HiddenCrash, said: str, search: SearchInfo, nodes: Sequence[NodeInfo]
+) -> Found:
+    """A crash that needs ``hidden.tensor`` unobserved: the producer and the reader are named,
+    and the bundle marks only what the reader's closure gives (``unmarked``)."""
+    message = _message(hidden.error)
+    model_message = said if said != message else ""
+    p, r = hidden.producer, hidden.reader
+    cause = RootCause(
+        CauseKind.CRASH, (p.name, r.name), hidden.words(), message, model_message=model_message
+    )
+    note = f"the target crashes when this node reads {hidden.tensor!r} unobserved: {message}"
+    rows = _rows(nodes, {r.index: (Verdict.CRASHED, note)})
+    return Found("crash-bisect", rows, rows[r.index], cause, search, unmarked=(hidden.tensor,))
 
 
 def _smaller(node: NodeInfo, sep: str) -> str:

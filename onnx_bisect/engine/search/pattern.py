@@ -91,10 +91,38 @@ def find_pattern(
     for tried, window in enumerate(windows, start=1):
         nodes = tuple(loaded.nodes[i] for i in window)
         exits = _run_window(session, store, nodes, kept, folded)
-        if exits is not None and any(c.diverged for c in exits.values()):
-            log.debug("pattern: window %s reproduces", [n.name for n in nodes])
-            return Pattern(nodes, exits, tried)
+        if exits is None or not any(c.diverged for c in exits.values()):
+            continue
+        if _flips_inside(session, store, nodes, kept, folded):
+            continue
+        log.debug("pattern: window %s reproduces", [n.name for n in nodes])
+        return Pattern(nodes, exits, tried)
     return None
+
+
+def _flips_inside(
+    session: Session,
+    store: TensorStore,
+    nodes: Sequence[NodeInfo],
+    kept: Collection[str],
+    folded: Collection[str],
+) -> list[str]:
+    """The integer tensors inside a diverging window of one quantized model that come out a
+    step apart from the reference's (within the int8 precision), the window run again with
+    them marked: fp32-level differences rounded to the neighbouring step there, and what the
+    window computes from them moves with them (zoo G12: a Sigmoid's last bit flipped a
+    DynamicQuantizeLinear, and the window after it was named). Empty where there are none,
+    so that the window is a finding."""
+    crit = session.crit
+    gridded = set(crit.quantized or ()) | set(crit.quant_bounds or ())
+    inner = [o for n in nodes[:-1] for o in n.outputs if o in gridded and o in store]
+    if not inner:
+        return []
+    exits = _run_window(session, store, nodes, kept, folded, also=inner)
+    flipped = [t for t in inner if exits is not None and t in exits and exits[t].within_precision]
+    if flipped:
+        log.debug("pattern: window %s diverges from flips of %s", [n.name for n in nodes], flipped)
+    return flipped
 
 
 def extreme_gains(nodes: Sequence[NodeResult], skip: str = "") -> list[NodeResult]:
@@ -158,9 +186,13 @@ def _run_window(
     nodes: Sequence[NodeInfo],
     kept: Collection[str],
     folded: Collection[str],
+    also: Sequence[str] = (),
 ) -> dict[str, Comparison] | None:
+    """The window fed the reference's inputs on the target, its exits compared (``also``:
+    inner tensors marked and compared too)."""
     loaded = session.loaded
     outs = [t for t in window_exits(loaded, nodes) if t not in kept]
+    outs += [t for t in also if t not in outs]
     if not outs:
         return None
     inside = {n.name for n in nodes}
