@@ -1,0 +1,110 @@
+"""Issue 34's int4 acceptance on a Llama-shaped model (tests/llama_model.py): weights on the
+int4 grid, one outlier input channel planted in layer 1's up_proj, quantized weight-only by
+onnxruntime's MatMulNBitsQuantizer (block 32, asymmetric, RTN). The tool names that
+MatMulNBits, keeps its MatMul in float, and the set, re-quantized with ``nodes_to_exclude``,
+restores top-1 token agreement over 8 prompts (every position) to 100%."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from typer.testing import CliRunner
+
+from onnx_bisect.cli import bisect_app
+from onnx_bisect.graph.quant_settings import read_settings
+from onnx_bisect.graph.refloat import integer_kernels, restore_float
+from tests.llama_model import up_proj, write_external_llama
+
+pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")
+
+VOCAB, SEQ, LAYER = 1024, 16, 1
+QUANTIZED = up_proj(LAYER) + "_Q4"
+
+
+def llama(folder: Path, outlier: int | None = LAYER) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "float.onnx"
+    write_external_llama(path, layers=2, hidden=128, intermediate=384, vocab=VOCAB, heads=4,
+                         seq=SEQ, grid=True, outlier=outlier)  # fmt: skip
+    return path
+
+
+def int4(src: Path, out: Path, exclude: list[str] | tuple[str, ...] = ()) -> Path:
+    """``src`` quantized by MatMulNBitsQuantizer (block 32, asymmetric), ``exclude`` in float."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    q = MatMulNBitsQuantizer(onnx.load(str(src)), block_size=32, is_symmetric=False,
+                             nodes_to_exclude=list(exclude))  # fmt: skip
+    q.process()
+    q.model.save_model_to_file(str(out))
+    return out
+
+
+def top1(model: onnx.ModelProto | Path, src: Path) -> float:
+    """Top-1 token agreement with the float model over 8 prompts, every position."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    blob = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    got = ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])
+    ref = ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+    rows = []
+    for i in range(8):
+        ids = {"input_ids": np.random.default_rng(100 + i).integers(0, VOCAB, (1, SEQ))}
+        rows.append(ref.run(None, ids)[0].argmax(-1) == got.run(None, ids)[0].argmax(-1))
+    return float(np.mean(rows))
+
+
+def test_on_the_grid_int4_is_the_float_model_and_the_outlier_breaks_only_its_kernel(
+    tmp_path: Path,
+) -> None:
+    clean = llama(tmp_path / "clean", outlier=None)
+    assert top1(int4(clean, tmp_path / "clean" / "int4.onnx"), clean) == 1.0
+    src = llama(tmp_path / "planted")
+    dst = int4(src, tmp_path / "planted" / "int4.onnx")
+    assert top1(dst, src) <= 0.9
+    target, float_model = onnx.load(str(dst)), onnx.load(str(src))
+    found = integer_kernels(target, float_model)
+    assert found.kernels[up_proj(LAYER)] == QUANTIZED and len(found.kernels) == 15
+    restored = restore_float(target, {QUANTIZED: up_proj(LAYER)}, float_model)
+    assert top1(restored, src) == 1.0
+    settings = read_settings(target)
+    assert (settings.bits, settings.block_size, settings.weight_symmetric) == (4, 32, False)
+    redone = int4(src, tmp_path / "planted" / "again.onnx", [up_proj(LAYER)])
+    assert top1(redone, src) == 1.0
+
+
+@pytest.mark.slow
+def test_the_tool_names_the_outlier_kernel_and_its_answer_requantized_restores_top1(
+    tmp_path: Path,
+) -> None:
+    src = llama(tmp_path)
+    dst = int4(src, tmp_path / "int4.onnx")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        bisect_app,
+        [str(src), "--target-model", str(dst), "--target", "cpu", "--topk", "1:logits",
+         "--out", str(out), "--format", "json"],
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["root_cause"]["nodes"] == [QUANTIZED]
+    keep = report["quantization"]["keep_in_float"]
+    assert keep["nodes"] == [up_proj(LAYER)]
+    assert keep["verified_by"] == "requantized" and keep["requantized"]["after"] == 0.0
+    assert keep["call"] == (
+        "MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=False, "
+        f"accuracy_level=None, nodes_to_exclude=['{up_proj(LAYER)}']).process()"
+    )
+    printed = re.search(r"nodes_to_exclude=(\[[^\]]*\])", result.output)
+    assert printed is not None
+    exclude = json.loads(printed.group(1).replace("'", '"'))
+    again = int4(src, tmp_path / "again.onnx", exclude)
+    assert top1(again, src) == 1.0 > top1(dst, src)
