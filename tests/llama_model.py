@@ -18,7 +18,10 @@ grid. Without it a random model's flat logits flip their top-1 token on any roun
 ``outlier=LAYER`` plants one outlier input channel in that layer's ``up_proj`` (row 7 × 30)
 that its post-attention norm's weight (1/30 there) cancels, as a folded norm leaves one: in
 float nothing stands out, but the int4 blocks holding that row take its scale and their
-other 31 rows round to 0.
+other 31 rows round to 0. ``embedding_outlier=True`` makes channel 7 of every token's
+embedding 30 times the others, as the massive activations of a trained LLM's residual stream:
+an int4 embedding (GatherBlockQuantized, blocks of 32 along the hidden axis) rounds the other
+31 channels of that block to 0 for every token.
 """
 
 from __future__ import annotations
@@ -66,15 +69,19 @@ class _Weights:
         shape: tuple[int, ...],
         scale: float | None = None,
         rows: dict[int, float] | None = None,
+        transpose: bool = False,
     ) -> str:
         """A random tensor (uniform with the variance of N(0, scale²), on the int4 grid with
         ``grid``; ones without a scale, as a freshly initialised norm weight), its ``rows``
-        (index -> factor) scaled."""
-        value = np.ones(shape, np.float32)
+        (index -> factor) scaled; ``transpose``: drawn as its transpose (the grid's blocks
+        along the last axis, as GatherBlockQuantized quantizes an embedding), then turned."""
+        drawn = shape[::-1] if transpose else shape
+        value = np.ones(drawn, np.float32)
         if scale is not None:
-            value = self._grid(shape, scale) if self.grid else self._uniform(shape, scale)
+            value = self._grid(drawn, scale) if self.grid else self._uniform(drawn, scale)
         for row, factor in (rows or {}).items():
             value[row] *= np.float32(factor)
+        value = np.ascontiguousarray(value.T) if transpose else value
         self.f.write(b"\0" * (-self.f.tell() % 4096))
         t = onnx.TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(shape))
         t.data_location = TensorProto.EXTERNAL
@@ -181,14 +188,19 @@ def write_external_llama(
     seed: int = 0,
     grid: bool = False,
     outlier: int | None = None,
+    embedding_outlier: bool = False,
 ) -> None:
     """input_ids [1, seq] (int64) -> logits [1, seq, vocab]; weights in ``<path>.data``
-    (``grid``, ``outlier``: see module)."""
+    (``grid``, ``outlier``, ``embedding_outlier``: see module)."""
     rng = np.random.default_rng(seed)
     data = path.with_name(path.name + ".data")
     with data.open("wb") as f:
         b = _Builder(_Weights(f, data.name, rng, grid), hidden, heads, seq)
-        embed = b.w.add("model.embed_tokens.weight", (vocab, hidden), scale=1.0)
+        channel, factor = OUTLIER
+        planted = {channel: factor} if embedding_outlier else None
+        embed = b.w.add(
+            "model.embed_tokens.weight", (vocab, hidden), 1.0, rows=planted, transpose=grid
+        )
         x = b.node("Gather", "/model/embed_tokens/Gather", [embed, "input_ids"])
         for i in range(layers):
             p, w = f"/model/layers.{i}", f"model.layers.{i}"

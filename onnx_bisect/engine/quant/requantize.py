@@ -116,7 +116,8 @@ def _child(job: dict[str, Any]) -> None:
         q = MatMulNBitsQuantizer(
             onnx.load(job["float"]), bits=s["bits"], block_size=s["block_size"],
             is_symmetric=s["is_symmetric"], accuracy_level=s["accuracy_level"],
-            nodes_to_exclude=job["nodes"],
+            nodes_to_exclude=job["nodes"], quant_format=QuantFormat[s["quant_format"]],
+            op_types_to_quantize=tuple(s["op_types_to_quantize"]),
         )  # fmt: skip
         q.process()
         q.model.save_model_to_file(job["out"])
