@@ -92,6 +92,26 @@ class KeepInFloat:
     def nodes_to_exclude(self) -> str:
         return "nodes_to_exclude=[" + ", ".join(repr(n) for n in self.nodes) + "]"
 
+    @property
+    def builder_options(self) -> str:
+        """A weight-only answer as onnxruntime-genai's model builder takes it (``--extra_options``
+        ``int4_nodes_to_exclude``, comma-separated, with the settings read from the model);
+        "" for other quantizers. The builder names its nodes as the torch exporter does
+        (``/model/layers.0/mlp/up_proj/MatMul``), so a builder-made model's set pastes as is."""
+        s = self.settings or {}
+        if s.get("format") != "nbits" or not self.nodes:
+            return ""
+        opts = [f"int4_block_size={s['block_size']}",
+                f"int4_is_symmetric={str(s['is_symmetric']).lower()}"]  # fmt: skip
+        if s.get("accuracy_level") is not None:
+            opts.append(f"int4_accuracy_level={s['accuracy_level']}")
+        if list(s.get("op_types_to_quantize", ["MatMul"])) != ["MatMul"]:
+            opts.append(f"int4_op_types_to_quantize={'/'.join(s['op_types_to_quantize'])}")
+        if s.get("quant_format") == "QDQ":
+            opts.append("use_qdq=true")
+        opts.append(f"int4_nodes_to_exclude={','.join(self.nodes)}")
+        return "--extra_options " + " ".join(opts)
+
     def to_dict(self) -> dict[str, Any]:
         requantized = None
         if self.requantized is not None:
@@ -108,11 +128,22 @@ class KeepInFloat:
             "surgery": {"before": self.before, "after": self.after},
             "requantized": requantized,
             "call": self.call or None,
+            "calls": self._calls(),
             "settings": self.settings,
             "runs": self.runs,
             "model": self.model_path or None,
             "note": self.note or None,
         }
+
+    def _calls(self) -> dict[str, str] | None:
+        """Each tool's way to apply the answer: ``onnxruntime`` (the quantizer call) and, for
+        a weight-only model, ``genai_builder`` (its ``--extra_options``)."""
+        if not self.call:
+            return None
+        out = {"onnxruntime": self.call}
+        if self.builder_options:
+            out["genai_builder"] = self.builder_options
+        return out
 
     def lines(self) -> list[str]:
         """The answer, what verified it, and the call to paste."""
@@ -130,6 +161,8 @@ class KeepInFloat:
             )
             if self.call:
                 out.append(f"paste: {self.call}")
+            if self.builder_options:
+                out.append(f"onnxruntime-genai builder: {self.builder_options}")
         if self.note:
             out.append(self.note)
         return out

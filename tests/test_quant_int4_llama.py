@@ -23,6 +23,7 @@ from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.quant_settings import read_settings
 from onnx_bisect.graph.refloat import integer_kernels, restore_float
 from onnx_bisect.graph.unquantize import is_qdq
+from onnx_bisect.quant_result import KeepInFloat
 from tests.llama_model import up_proj, write_external_llama
 
 pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")
@@ -114,6 +115,12 @@ def test_the_tool_names_the_outlier_kernel_and_its_answer_requantized_restores_t
         "MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=False, "
         f"accuracy_level=None, nodes_to_exclude=['{up_proj(LAYER)}']).process()"
     )
+    assert keep["calls"] == {
+        "onnxruntime": keep["call"],
+        "genai_builder": "--extra_options int4_block_size=32 int4_is_symmetric=false "
+        f"int4_nodes_to_exclude={up_proj(LAYER)}",
+    }
+    assert f"onnxruntime-genai builder: {keep['calls']['genai_builder']}" in result.output
     printed = re.search(r"nodes_to_exclude=(\[[^\]]*\])", result.output)
     assert printed is not None
     exclude = json.loads(printed.group(1).replace("'", '"'))
@@ -133,6 +140,13 @@ def test_an_int4_embedding_is_kept_as_the_float_gather(tmp_path: Path) -> None:
     restored = restore_float(target, {EMBED + "_Q4": EMBED}, float_model)
     assert [n.op_type for n in restored.graph.node][0] == "Gather"
     assert top1(restored, src) == 1.0
+    settings = read_settings(target)
+    keep = KeepInFloat((EMBED, up_proj(LAYER)), "goal", 0.3, 0.0, True, 3,
+                       settings=settings.to_dict(), call=settings.call([EMBED]))  # fmt: skip
+    assert keep.to_dict()["calls"]["genai_builder"] == (
+        "--extra_options int4_block_size=32 int4_is_symmetric=false "
+        f"int4_op_types_to_quantize=MatMul/Gather int4_nodes_to_exclude={EMBED},{up_proj(LAYER)}"
+    )
     assert read_settings(target).call([EMBED]) == (
         "MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=False, "
         "accuracy_level=None, op_types_to_quantize=('MatMul', 'Gather'), "
