@@ -77,6 +77,13 @@ class KeepInFloat:
     requantized: tuple[float, float] | None = None
     call: str = ""
     settings: dict[str, Any] | None = None
+    # ``nodes_to_exclude``, or ``accuracy_level`` where the nodes' MatMulNBits computed with
+    # float activations (their int4 weights kept) meet the goal: the kernel's int8
+    # activations, not weight rounding, lose it; ``cause`` says which, ``float_activations``
+    # the goal's number on that model.
+    kind: str = "nodes_to_exclude"
+    cause: str = ""
+    float_activations: float | None = None
 
     @property
     def verified_by(self) -> str:
@@ -103,13 +110,17 @@ class KeepInFloat:
             return ""
         opts = [f"int4_block_size={s['block_size']}",
                 f"int4_is_symmetric={str(s['is_symmetric']).lower()}"]  # fmt: skip
-        if s.get("accuracy_level") is not None:
+        if self.kind == "accuracy_level":
+            # The builder's own default is 4 on CPU and WebGPU: say fp32 (1) outright.
+            opts.append("int4_accuracy_level=1")
+        elif s.get("accuracy_level") is not None:
             opts.append(f"int4_accuracy_level={s['accuracy_level']}")
         if list(s.get("op_types_to_quantize", ["MatMul"])) != ["MatMul"]:
             opts.append(f"int4_op_types_to_quantize={'/'.join(s['op_types_to_quantize'])}")
         if s.get("quant_format") == "QDQ":
             opts.append("use_qdq=true")
-        opts.append(f"int4_nodes_to_exclude={','.join(self.nodes)}")
+        if self.kind == "nodes_to_exclude":
+            opts.append(f"int4_nodes_to_exclude={','.join(self.nodes)}")
         return "--extra_options " + " ".join(opts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -118,7 +129,9 @@ class KeepInFloat:
             requantized = {"before": self.requantized[0], "after": self.requantized[1]}
         return {
             "nodes": list(self.nodes),
-            "kind": "nodes_to_exclude",
+            "kind": self.kind,
+            "cause": self.cause or None,
+            "float_activations": self.float_activations,
             "nodes_to_exclude": list(self.nodes),
             "goal": self.goal,
             "before": self.before,
@@ -155,10 +168,17 @@ class KeepInFloat:
             if self.requantized is not None:
                 b, a = self.requantized
                 measured = f"{fmt(b)} -> {fmt(a)} re-quantized ({measured} patched)"
-            out.append(
-                f"keep in float ({state} {by}, {self.runs} runs): {self.nodes_to_exclude}; "
-                f"{self.goal}: {measured}"
-            )
+            if self.kind == "accuracy_level":
+                out.append(
+                    f"not weight rounding: {self.cause} ({state} {by}: {self.goal}: {measured})"
+                )
+            else:
+                out.append(
+                    f"keep in float ({state} {by}, {self.runs} runs): {self.nodes_to_exclude}; "
+                    f"{self.goal}: {measured}"
+                )
+                if self.cause:
+                    out.append(self.cause)
             if self.call:
                 out.append(f"paste: {self.call}")
             if self.builder_options:

@@ -81,6 +81,8 @@ class _Weights:
             value = self._grid(drawn, scale) if self.grid else self._uniform(drawn, scale)
         for row, factor in (rows or {}).items():
             value[row] *= np.float32(factor)
+            if factor == 0.0 and self.grid:
+                self._repin(value, row)
         value = np.ascontiguousarray(value.T) if transpose else value
         self.f.write(b"\0" * (-self.f.tell() % 4096))
         t = onnx.TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(shape))
@@ -91,6 +93,14 @@ class _Weights:
         value.tofile(self.f)
         self.tensors.append(t)
         return name
+
+    @staticmethod
+    def _repin(value: np.ndarray[Any, Any], row: int) -> None:
+        """A zeroed row's block keeps a -8 and a 7 in each column (the next two rows)."""
+        block = value[row - row % 32 : row - row % 32 + 32]
+        step = np.abs(block).max(axis=0) / 8
+        block[(row + 1) % 32] = -8 * step
+        block[(row + 2) % 32] = 7 * step
 
     def _uniform(self, shape: tuple[int, ...], scale: float) -> np.ndarray[Any, Any]:
         limit = np.float32(scale * np.sqrt(3.0))
@@ -141,10 +151,11 @@ class _Builder:
         return self.node("Mul", f"{p}/Mul_1", [w, normed])
 
     def linear(
-        self, x: str, p: str, weight: str, rows: int, cols: int, outlier: bool = False
-    ) -> str:
+        self, x: str, p: str, weight: str, rows: int, cols: int, outlier: bool = False,
+        rows_scaled: dict[int, float] | None = None,
+    ) -> str:  # fmt: skip
         channel, factor = OUTLIER
-        planted = {channel: factor} if outlier else None
+        planted = {channel: factor} if outlier else rows_scaled
         w = self.w.add(weight, (rows, cols), scale=1.0 / np.sqrt(rows), rows=planted)
         return self.node("MatMul", f"{p}/MatMul", [x, w])
 
@@ -166,14 +177,27 @@ class _Builder:
         flat = self.node("Reshape", f"{p}/Reshape", [merged, "hidden_shape"])
         return self.linear(flat, f"{p}/o_proj", f"{w}.o_proj.weight", h, h)
 
-    def mlp(self, x: str, p: str, w: str, intermediate: int, outlier: bool = False) -> str:
+    def mlp(
+        self, x: str, p: str, w: str, intermediate: int, outlier: bool = False,
+        massive: bool = False,
+    ) -> str:  # fmt: skip
         h = self.hidden
         gate = self.linear(x, f"{p}/gate_proj", f"{w}.gate_proj.weight", h, intermediate)
         sig = self.node("Sigmoid", f"{p}/act_fn/Sigmoid", [gate])
         act = self.node("Mul", f"{p}/act_fn/Mul", [gate, sig])
         up = self.linear(x, f"{p}/up_proj", f"{w}.up_proj.weight", h, intermediate, outlier)
+        if massive:  # down_proj's input channel 7 × 1024, a channel its weight ignores
+            channel, _ = OUTLIER
+            up = self.node("Mul", f"{p}/up_proj/massive", [up, self.massive(intermediate)])
         both = self.node("Mul", f"{p}/Mul", [act, up])
-        return self.linear(both, f"{p}/down_proj", f"{w}.down_proj.weight", intermediate, h)
+        dead = {OUTLIER[0]: 0.0} if massive else None
+        return self.linear(both, f"{p}/down_proj", f"{w}.down_proj.weight", intermediate, h,
+                           rows_scaled=dead)  # fmt: skip
+
+    def massive(self, size: int) -> str:
+        value = np.ones(size, np.float32)
+        value[OUTLIER[0]] = 1024.0
+        return self.const("massive_channel", value)
 
 
 def write_external_llama(
@@ -189,6 +213,7 @@ def write_external_llama(
     grid: bool = False,
     outlier: int | None = None,
     embedding_outlier: bool = False,
+    massive: int | None = None,
 ) -> None:
     """input_ids [1, seq] (int64) -> logits [1, seq, vocab]; weights in ``<path>.data``
     (``grid``, ``outlier``, ``embedding_outlier``: see module)."""
@@ -211,7 +236,7 @@ def write_external_llama(
             normed = b.rms_norm(
                 x, f"{p}/post_attention_layernorm", f"{w}.post_norm.weight", planted
             )
-            mlp = b.mlp(normed, f"{p}/mlp", f"{w}.mlp", intermediate, planted)
+            mlp = b.mlp(normed, f"{p}/mlp", f"{w}.mlp", intermediate, planted, i == massive)
             x = b.node("Add", f"{p}/Add_1", [x, mlp])
         normed = b.rms_norm(x, "/model/norm", "model.norm.weight")
         head = b.w.add("lm_head.weight", (hidden, vocab), scale=1.0 / np.sqrt(hidden))

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from onnx_bisect.cli import bisect_app
 from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.quant_settings import read_settings
-from onnx_bisect.graph.refloat import integer_kernels, restore_float
+from onnx_bisect.graph.refloat import float_activations, integer_kernels, restore_float
 from onnx_bisect.graph.unquantize import is_qdq
 from onnx_bisect.quant_result import KeepInFloat
 from tests.llama_model import up_proj, write_external_llama
@@ -35,12 +35,11 @@ QUANTIZED = up_proj(LAYER) + "_Q4"
 EMBED = "/model/embed_tokens/Gather"
 
 
-def llama(folder: Path, outlier: int | None = LAYER, embedding_outlier: bool = False) -> Path:
+def llama(folder: Path, outlier: int | None = LAYER, **planted: Any) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "float.onnx"
     write_external_llama(path, layers=2, hidden=128, intermediate=384, vocab=VOCAB, heads=4,
-                         seq=SEQ, grid=True, outlier=outlier,
-                         embedding_outlier=embedding_outlier)  # fmt: skip
+                         seq=SEQ, grid=True, outlier=outlier, **planted)  # fmt: skip
     return path
 
 
@@ -219,3 +218,60 @@ def test_the_qdq_form_names_its_matmul_and_requantizes_in_qdq(tmp_path: Path) ->
     assert keep["settings"]["quant_format"] == "QDQ"
     assert keep["requantized"] == {"before": 0.1875, "after": 0.0625}
     assert keep["after"] == 0.0625
+
+
+DOWN = "/model/layers.1/mlp/down_proj/MatMul"
+
+
+def test_float_activations_keep_the_int4_weights_and_drop_accuracy_level(tmp_path: Path) -> None:
+    """A massive activation (channel 7 of down_proj's input × 1024, a channel its weight
+    ignores) rounds the other 31 channels of its int8 block to 0 under accuracy_level 4; the
+    same int4 weights with float activations are the float model again."""
+    src = llama(tmp_path, outlier=None, massive=LAYER)
+    level4 = int4(src, tmp_path / "l4.onnx", accuracy_level=4)
+    plain = int4(src, tmp_path / "plain.onnx")
+    assert top1(plain, src) == 1.0 > 0.95 > top1(level4, src)
+    model = onnx.load(str(level4))
+    swapped = float_activations(model, [DOWN + "_Q4"])
+    assert [n.name for n in swapped.graph.node if n.name.startswith(DOWN)] == [DOWN + "_Q4_float"]
+    assert top1(swapped, src) > top1(level4, src)
+    every = [n.name for n in model.graph.node if n.op_type == "MatMulNBits"]
+    whole = float_activations(model, every)
+    assert {n.op_type for n in whole.graph.node} & {"MatMulNBits", "DequantizeLinear"} == set()
+    assert top1(whole, src) == 1.0
+
+
+@pytest.mark.slow
+def test_accuracy_level_not_the_weights_is_named_and_unset_is_verified(tmp_path: Path) -> None:
+    src = llama(tmp_path, outlier=None, massive=LAYER)
+    dst = int4(src, tmp_path / "l4.onnx", accuracy_level=4)
+    report = _bisect(src, dst, tmp_path / "out")
+    keep = report["quantization"]["keep_in_float"]
+    assert keep["nodes"] == [DOWN] and keep["kind"] == "accuracy_level"
+    assert keep["float_activations"] == 0.0
+    assert keep["cause"] == (
+        "the MatMulNBits' accuracy_level=4 (int8 activations): their own int4 weights with "
+        "float activations give 0; quantize without it"
+    )
+    assert keep["verified_by"] == "requantized" and keep["requantized"]["after"] == 0.0
+    assert keep["calls"] == {
+        "onnxruntime": "MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=False, "
+        "accuracy_level=None, nodes_to_exclude=[]).process()",
+        "genai_builder": "--extra_options int4_block_size=32 int4_is_symmetric=false "
+        "int4_accuracy_level=1",
+    }
+    assert top1(int4(src, tmp_path / "again.onnx"), src) == 1.0
+
+
+@pytest.mark.slow
+def test_weight_rounding_under_accuracy_level_keeps_the_nodes_to_exclude(tmp_path: Path) -> None:
+    src = llama(tmp_path)
+    dst = int4(src, tmp_path / "l4.onnx", accuracy_level=4)
+    report = _bisect(src, dst, tmp_path / "out")
+    keep = report["quantization"]["keep_in_float"]
+    assert keep["kind"] == "nodes_to_exclude" and up_proj(LAYER) in keep["nodes"]
+    assert len(keep["nodes"]) <= 2 and keep["requantized"]["after"] == 0.0
+    assert keep["cause"].startswith(
+        "weight rounding: their int4 weights computed with float activations (no "
+        "accuracy_level=4) still give top-1 disagreement "
+    )

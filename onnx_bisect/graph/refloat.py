@@ -24,14 +24,21 @@ node reading its weight.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["FloatKernels", "integer_kernels", "restore_float", "weight_only_dequantized"]
+__all__ = [
+    "FloatKernels",
+    "float_activations",
+    "integer_kernels",
+    "restore_float",
+    "weight_only_dequantized",
+]
 
 # op -> (float op, first input of each quantized operand, output scale's input or None, bias)
 _QOPERATOR: dict[str, tuple[str, tuple[int, ...], int | None, int | None]] = {
@@ -429,3 +436,69 @@ def _drop_newly_unread(g: onnx.GraphProto, before: set[str]) -> None:
     unread = _unread(g) - before
     for t in [t for t in g.initializer if t.name in unread]:
         g.initializer.remove(t)
+
+
+def float_activations(model: onnx.ModelProto, kernels: Collection[str]) -> onnx.ModelProto:
+    """``model`` with the MatMulNBits ``kernels`` names computing as a float MatMul of their
+    own int4 weights, dequantized into an initializer: the same weight rounding without the
+    kernel's ``accuracy_level`` (its int8 activations). Not a DequantizeLinear: ONNX Runtime
+    fuses DequantizeLinear -> MatMul back into MatMulNBits at accuracy_level 4."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    before = _unread(g)
+    inits = {t.name: t for t in g.initializer}
+    for node in list(g.node):
+        if node.name not in kernels or node.op_type != "MatMulNBits":
+            continue
+        w = _dequantized_nbits(node, inits)
+        if w is None:
+            continue
+        name = f"{node.name}_dequantized"
+        g.initializer.append(numpy_helper.from_array(w, name))
+        at = list(g.node).index(node)
+        bias = node.input[5] if len(node.input) > 5 and node.input[5] else ""
+        y = f"{node.output[0]}_matmul" if bias else node.output[0]
+        new = [helper.make_node("MatMul", [node.input[0], name], [y], name=f"{node.name}_float")]
+        if bias:
+            new.append(helper.make_node("Add", [y, bias], [node.output[0]], name=f"{name}_bias"))
+        g.node.remove(node)
+        for k, n in enumerate(new):
+            g.node.insert(at + k, n)
+    _drop_newly_unread(g, before)
+    return out
+
+
+def _unpacked(q: np.ndarray[Any, Any], bits: int) -> np.ndarray[Any, Any]:
+    """Bytes packing ``8 // bits`` values each, low bits first, one value per element."""
+    v = q.astype(np.int32)
+    if bits == 8:
+        return v
+    shifts = np.arange(0, 8, bits, dtype=np.int32)
+    v = (v[..., None] >> shifts) & ((1 << bits) - 1)
+    return v.reshape(*q.shape[:-1], q.shape[-1] * (8 // bits))
+
+
+def _dequantized_nbits(
+    node: onnx.NodeProto, inits: Mapping[str, onnx.TensorProto]
+) -> np.ndarray[Any, Any] | None:
+    """A MatMulNBits' weight [K, N] in float32: (q - zero point) × scale per block."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    k, n, bits, block = (int(attrs[a]) for a in ("K", "N", "bits", "block_size"))
+    named = [inits.get(i) for i in node.input[1:4]] + [None] * 3
+    b, scales, zp = named[:3]
+    if b is None or scales is None or (len(node.input) > 4 and any(node.input[4:5])):
+        return None  # g_idx: act-order, not read here
+    blocks = -(-k // block)
+    q = _unpacked(numpy_helper.to_array(b).reshape(n, blocks, -1), bits).reshape(n, -1)[:, :k]
+    s = numpy_helper.to_array(scales).astype(np.float32).reshape(n, blocks)
+    if zp is None:
+        z = np.full_like(s, float(1 << (bits - 1)))
+    else:
+        zv = numpy_helper.to_array(zp)
+        packed = zv.dtype == np.uint8
+        z = (_unpacked(zv.reshape(n, -1), bits)[:, :blocks] if packed
+             else zv.reshape(n, blocks)).astype(np.float32)  # fmt: skip
+    at = np.arange(k) // block
+    w = (q.astype(np.float32) - z[:, at]) * s[:, at]
+    return np.ascontiguousarray(w.T)
