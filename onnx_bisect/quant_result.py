@@ -84,6 +84,11 @@ class KeepInFloat:
     kind: str = "nodes_to_exclude"
     cause: str = ""
     float_activations: float | None = None
+    # The goal's number with the nodes' weights quantized to 8 bits instead (re-quantized;
+    # None: not tried); where it meets the goal the kind is ``customized_weight_config``,
+    # ``call`` that config and ``alternative`` the nodes_to_exclude call.
+    eight_bits: float | None = None
+    alternative: str = ""
 
     @property
     def verified_by(self) -> str:
@@ -119,7 +124,7 @@ class KeepInFloat:
             opts.append(f"int4_op_types_to_quantize={'/'.join(s['op_types_to_quantize'])}")
         if s.get("quant_format") == "QDQ":
             opts.append("use_qdq=true")
-        if self.kind == "nodes_to_exclude":
+        if self.kind != "accuracy_level":  # the builder sets no per-node bits: keep them
             opts.append(f"int4_nodes_to_exclude={','.join(self.nodes)}")
         return "--extra_options " + " ".join(opts)
 
@@ -132,6 +137,7 @@ class KeepInFloat:
             "kind": self.kind,
             "cause": self.cause or None,
             "float_activations": self.float_activations,
+            "eight_bits": self.eight_bits,
             "nodes_to_exclude": list(self.nodes),
             "goal": self.goal,
             "before": self.before,
@@ -154,6 +160,8 @@ class KeepInFloat:
         if not self.call:
             return None
         out = {"onnxruntime": self.call}
+        if self.alternative:
+            out["onnxruntime_nodes_to_exclude"] = self.alternative
         if self.builder_options:
             out["genai_builder"] = self.builder_options
         return out
@@ -179,6 +187,13 @@ class KeepInFloat:
                 )
                 if self.cause:
                     out.append(self.cause)
+                if self.eight_bits is not None:
+                    enough = self.kind == "customized_weight_config"
+                    out.append(
+                        f"8 bits are {'enough' if enough else 'not enough'} for them: "
+                        f"{self.goal.split(' ≤')[0]} {fmt(self.eight_bits)} re-quantized with "
+                        "their weights at 8 bits"
+                    )
             if self.call:
                 out.append(f"paste: {self.call}")
             if self.builder_options:

@@ -126,6 +126,7 @@ class _Weights:
 class _Builder:
     def __init__(self, weights: _Weights, hidden: int, heads: int, seq: int) -> None:
         self.w, self.hidden, self.heads, self.seq = weights, hidden, heads, seq
+        self.factor = OUTLIER[1]  # the planted outlier's
         self.nodes: list[onnx.NodeProto] = []
         self.constants: list[onnx.TensorProto] = []
 
@@ -145,7 +146,7 @@ class _Builder:
         root = self.node("Sqrt", f"{p}/Sqrt", [eps])
         inv = self.node("Reciprocal", f"{p}/Reciprocal", [root])
         normed = self.node("Mul", f"{p}/Mul", [x, inv])
-        channel, factor = OUTLIER
+        channel, factor = OUTLIER[0], self.factor
         rows = {channel: 1.0 / factor} if outlier else None
         w = self.w.add(weight, (self.hidden,), rows=rows)
         return self.node("Mul", f"{p}/Mul_1", [w, normed])
@@ -154,7 +155,7 @@ class _Builder:
         self, x: str, p: str, weight: str, rows: int, cols: int, outlier: bool = False,
         rows_scaled: dict[int, float] | None = None,
     ) -> str:  # fmt: skip
-        channel, factor = OUTLIER
+        channel, factor = OUTLIER[0], self.factor
         planted = {channel: factor} if outlier else rows_scaled
         w = self.w.add(weight, (rows, cols), scale=1.0 / np.sqrt(rows), rows=planted)
         return self.node("MatMul", f"{p}/MatMul", [x, w])
@@ -214,6 +215,7 @@ def write_external_llama(
     outlier: int | None = None,
     embedding_outlier: bool = False,
     massive: int | None = None,
+    outlier_factor: float = OUTLIER[1],
 ) -> None:
     """input_ids [1, seq] (int64) -> logits [1, seq, vocab]; weights in ``<path>.data``
     (``grid``, ``outlier``, ``embedding_outlier``: see module)."""
@@ -221,6 +223,7 @@ def write_external_llama(
     data = path.with_name(path.name + ".data")
     with data.open("wb") as f:
         b = _Builder(_Weights(f, data.name, rng, grid), hidden, heads, seq)
+        b.factor = outlier_factor
         channel, factor = OUTLIER
         planted = {channel: factor} if embedding_outlier else None
         embed = b.w.add(

@@ -110,6 +110,12 @@ def test_the_tool_names_the_outlier_kernel_and_its_answer_requantized_restores_t
     keep = report["quantization"]["keep_in_float"]
     assert keep["nodes"] == [up_proj(LAYER)]
     assert keep["verified_by"] == "requantized" and keep["requantized"]["after"] == 0.0
+    # Its weights at 8 bits (RTN's customized_weight_config) still flip a token of 16.
+    assert keep["kind"] == "nodes_to_exclude" and keep["eight_bits"] == 0.0625
+    assert (
+        "8 bits are not enough for them: top-1 disagreement 0.0625 re-quantized with their "
+        "weights at 8 bits" in result.output
+    )
     assert keep["call"] == (
         "MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=False, "
         f"accuracy_level=None, nodes_to_exclude=['{up_proj(LAYER)}']).process()"
@@ -275,3 +281,31 @@ def test_weight_rounding_under_accuracy_level_keeps_the_nodes_to_exclude(tmp_pat
         "weight rounding: their int4 weights computed with float activations (no "
         "accuracy_level=4) still give top-1 disagreement "
     )
+
+
+@pytest.mark.slow
+def test_a_milder_outlier_gets_8_bits_verified_by_requantizing(tmp_path: Path) -> None:
+    """Row 7 × 4: int4 rounds its blocks coarsely, 8 bits do not; the answer is its weights at
+    8 bits (RTN's customized_weight_config), the nodes_to_exclude call beside it. (× 30 and × 8
+    leave 8-bit steps coarse enough to flip a near-tie: those answers stay nodes_to_exclude.)"""
+    from onnxruntime.quantization.matmul_nbits_quantizer import RTNWeightOnlyQuantConfig
+
+    src = llama(tmp_path, outlier_factor=4.0)
+    dst = int4(src, tmp_path / "int4.onnx")
+    report = _bisect(src, dst, tmp_path / "out")
+    keep = report["quantization"]["keep_in_float"]
+    assert keep["nodes"] == [up_proj(LAYER)] and keep["kind"] == "customized_weight_config"
+    assert keep["eight_bits"] == 0.0 and keep["verified"]
+    config = {up_proj(LAYER): {"bits": 8}}
+    assert keep["call"] == (
+        "MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=False, "
+        f"accuracy_level=None, algo_config=RTNWeightOnlyQuantConfig(customized_weight_config="
+        f"{config!r})).process()"
+    )
+    assert keep["calls"]["onnxruntime_nodes_to_exclude"] == (
+        "MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=False, "
+        f"accuracy_level=None, nodes_to_exclude=['{up_proj(LAYER)}']).process()"
+    )
+    algo = RTNWeightOnlyQuantConfig(customized_weight_config=config)
+    eight = int4(src, tmp_path / "eight.onnx", algo_config=algo)
+    assert top1(eight, src) == 1.0 > 125 / 128 == top1(dst, src)

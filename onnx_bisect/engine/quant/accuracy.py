@@ -5,7 +5,9 @@ that, not from the int4 weights. When the keep-in-float set's MatMulNBits, compu
 MatMul of their own int4 weights (``graph/refloat.float_activations``), meet the goal, the
 weights are not at fault: the answer is the quantizer with ``accuracy_level`` unset, verified
 by quantizing the float model again so (no calibration needed). Otherwise the answer stays
-``nodes_to_exclude``, its cause weight rounding.
+``nodes_to_exclude``, its cause weight rounding; then, for 4-bit MatMuls, the same nodes are
+quantized to 8 bits instead (RTN's ``customized_weight_config``): where that meets the goal
+too, the answer is that config, the nodes' weights still quantized.
 """
 
 from __future__ import annotations
@@ -18,14 +20,14 @@ import onnx
 
 from onnx_bisect.engine.quant.requantize import RequantizeError, Requantizer
 from onnx_bisect.engine.session import Session
-from onnx_bisect.graph.quant_settings import read_settings
+from onnx_bisect.graph.quant_settings import QuantSettings, read_settings
 from onnx_bisect.graph.refloat import float_activations, integer_kernels
 from onnx_bisect.graph.save import save_for_child
 from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.quant_result import KeepInFloat
 from onnx_bisect.text import fmt
 
-__all__ = ["accuracy_level_cause"]
+__all__ = ["accuracy_level_cause", "eight_bits"]
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +67,52 @@ def accuracy_level_cause(
     )
     out = replace(found, kind="accuracy_level", cause=cause, float_activations=swapped,
                   call=plain.call(()), settings=plain.to_dict())  # fmt: skip
-    ref = session.loaded
-    path = ref.path if ref.path is not None and ref.path.is_file() else None
-    folder = session.scratch / "requantize"
-    folder.mkdir(parents=True, exist_ok=True)
     try:
-        path = path or save_for_child(ref.model, folder, "float.onnx")
-        after = measured(Requantizer(path, plain, None, folder).model(()), "no accuracy_level")
+        after = measured(_requantizer(session, plain).model(()), "no accuracy_level")
     except RequantizeError as exc:
         log.warning("re-quantizing without accuracy_level failed: %s", exc)
         return replace(out, requantized=None, verified=swapped <= limit)
     before = found.requantized[0] if found.requantized is not None else found.before
     return replace(out, requantized=(before, after), verified=after <= limit)
+
+
+def _requantizer(session: Session, settings: QuantSettings) -> Requantizer:
+    ref = session.loaded
+    path = ref.path if ref.path is not None and ref.path.is_file() else None
+    folder = session.scratch / "requantize"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = path or save_for_child(ref.model, folder, "float.onnx")
+    return Requantizer(path, settings, None, folder)
+
+
+def eight_bits(
+    session: Session,
+    target: LoadedModel,
+    found: KeepInFloat,
+    limit: float,
+    measured: Callable[[onnx.ModelProto, str], float],
+) -> KeepInFloat:
+    """``found`` as 8-bit weights where 8 bits meet the goal (re-quantized so): kind
+    ``customized_weight_config``, its call, the 8-bit model's number. Only for a 4-bit
+    weight-only MatMul set kept in float."""
+    settings = read_settings(target.model)
+    if settings.form != "nbits" or settings.bits != 4 or found.kind != "nodes_to_exclude":
+        return found
+    floats = {n.name: n.op_type for n in session.loaded.model.graph.node}
+    if not found.nodes or any(floats.get(n) != "MatMul" for n in found.nodes):
+        return found
+    try:
+        after = measured(_requantizer(session, settings).model((), found.nodes), "8-bit set")
+    except RequantizeError as exc:
+        log.warning("re-quantizing the set to 8 bits failed: %s", exc)
+        return found
+    log.info("the set at 8 bits: %s %s", found.goal, fmt(after))
+    if after > limit:
+        return replace(found, eight_bits=after)
+    config = {n: {"bits": 8} for n in found.nodes}
+    call = settings.call(()).replace(
+        "nodes_to_exclude=[]",
+        f"algo_config=RTNWeightOnlyQuantConfig(customized_weight_config={config!r})",
+    )
+    return replace(found, kind="customized_weight_config", call=call, eight_bits=after,
+                   alternative=found.call)  # fmt: skip
