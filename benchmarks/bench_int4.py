@@ -14,8 +14,9 @@ runs in a child process; its wall time and its CPU time (user + system of the pr
 ``getrusage(RUSAGE_CHILDREN)``: what to trust on a shared machine) are printed with the load
 average. The ``nodes_to_exclude`` it prints is applied with MatMulNBitsQuantizer again and
 top-1 token agreement with the float model measured over 8 prompts (every position), before
-and after. Targets: the named MatMulNBits is the planted one, the set has at most 2 nodes,
-agreement after is 100%, wall time <= 60 s.
+and after (and with the set at 8 bits, where the answer is RTN's customized_weight_config).
+Targets: the named MatMulNBits is the planted one, the set has at most 2 nodes, agreement
+after is 100%, wall time <= 60 s.
 """
 
 from __future__ import annotations
@@ -43,15 +44,21 @@ VOCAB, SEQ = 8192, 16
 TARGET_S = 60.0
 
 
-def quantize(src: Path, dst: Path, exclude: list[str]) -> float:
-    """MatMulNBitsQuantizer (block 32, asymmetric) on ``src``; its CPU seconds."""
+def quantize(src: Path, dst: Path, exclude: list[str], eight_bits: list[str] = []) -> float:  # noqa: B006
+    """MatMulNBitsQuantizer (block 32, asymmetric) on ``src`` (``eight_bits``: those nodes at
+    8 bits, RTN's customized_weight_config); its CPU seconds."""
     import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        MatMulNBitsQuantizer,
+        RTNWeightOnlyQuantConfig,
+    )
 
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     start = time.process_time()
+    config = {n: {"bits": 8} for n in eight_bits}
+    algo = RTNWeightOnlyQuantConfig(customized_weight_config=config) if config else None
     q = MatMulNBitsQuantizer(onnx.load(str(src)), block_size=32, is_symmetric=False,
-                             nodes_to_exclude=exclude)  # fmt: skip
+                             nodes_to_exclude=exclude, algo_config=algo)  # fmt: skip
     q.process()
     q.model.save_model_to_file(str(dst), use_external_data_format=True)
     return time.process_time() - start
@@ -110,6 +117,9 @@ def main() -> None:
         exclude = json.loads(printed.group(1).replace("'", '"')) if printed else []
         again = args.out / f"again{k}.onnx"
         quantize(src, again, exclude)
+        eight = args.out / f"eight{k}.onnx"
+        if keep["kind"] == "customized_weight_config":
+            quantize(src, eight, [], keep["nodes"])
         row = {
             "root_cause": report["root_cause"]["nodes"],
             "planted": up_proj(layer) + "_Q4",
@@ -117,6 +127,8 @@ def main() -> None:
             "verified_by": keep["verified_by"],
             "top1_before": top1(dst, src),
             "top1_after": top1(again, src),
+            "kind": keep["kind"],
+            "top1_eight_bits": top1(eight, src) if eight.exists() else None,
             "wall_s": round(wall, 1),
             "cpu_s": round(cpu, 1),
             "load": round(load, 2),
