@@ -126,6 +126,18 @@ class KeepInFloat:
     # The goal's figure on each input it is measured over (several with --dataset).
     per_input: tuple[InputFigure, ...] = ()
     figure: str = ""  # what per_input's numbers are
+    # ``nodes_to_exclude``, or ``accuracy_level`` where the nodes' MatMulNBits computed with
+    # float activations (their int4 weights kept) meet the goal: the kernel's int8
+    # activations, not weight rounding, lose it; ``cause`` says which, ``float_activations``
+    # the goal's number on that model.
+    kind: str = "nodes_to_exclude"
+    cause: str = ""
+    float_activations: float | None = None
+    # The goal's number with the nodes' weights quantized to 8 bits instead (re-quantized;
+    # None: not tried); where it meets the goal the kind is ``customized_weight_config``,
+    # ``call`` that config and ``alternative`` the nodes_to_exclude call.
+    eight_bits: float | None = None
+    alternative: str = ""
 
     @property
     def verified_by(self) -> str:
@@ -141,13 +153,40 @@ class KeepInFloat:
     def nodes_to_exclude(self) -> str:
         return "nodes_to_exclude=[" + ", ".join(repr(n) for n in self.nodes) + "]"
 
+    @property
+    def builder_options(self) -> str:
+        """A weight-only answer as onnxruntime-genai's model builder takes it (``--extra_options``
+        ``int4_nodes_to_exclude``, comma-separated, with the settings read from the model);
+        "" for other quantizers. The builder names its nodes as the torch exporter does
+        (``/model/layers.0/mlp/up_proj/MatMul``), so a builder-made model's set pastes as is."""
+        s = self.settings or {}
+        if s.get("format") != "nbits" or not self.nodes:
+            return ""
+        opts = [f"int4_block_size={s['block_size']}",
+                f"int4_is_symmetric={str(s['is_symmetric']).lower()}"]  # fmt: skip
+        if self.kind == "accuracy_level":
+            # The builder's own default is 4 on CPU and WebGPU: say fp32 (1) outright.
+            opts.append("int4_accuracy_level=1")
+        elif s.get("accuracy_level") is not None:
+            opts.append(f"int4_accuracy_level={s['accuracy_level']}")
+        if list(s.get("op_types_to_quantize", ["MatMul"])) != ["MatMul"]:
+            opts.append(f"int4_op_types_to_quantize={'/'.join(s['op_types_to_quantize'])}")
+        if s.get("quant_format") == "QDQ":
+            opts.append("use_qdq=true")
+        if self.kind != "accuracy_level":  # the builder sets no per-node bits: keep them
+            opts.append(f"int4_nodes_to_exclude={','.join(self.nodes)}")
+        return "--extra_options " + " ".join(opts)
+
     def to_dict(self) -> dict[str, Any]:
         requantized = None
         if self.requantized is not None:
             requantized = {"before": self.requantized[0], "after": self.requantized[1]}
         return {
             "nodes": list(self.nodes),
-            "kind": "nodes_to_exclude",
+            "kind": self.kind,
+            "cause": self.cause or None,
+            "float_activations": self.float_activations,
+            "eight_bits": self.eight_bits,
             "nodes_to_exclude": list(self.nodes),
             "goal": self.goal,
             "before": self.before,
@@ -157,6 +196,7 @@ class KeepInFloat:
             "surgery": {"before": self.before, "after": self.after},
             "requantized": requantized,
             "call": self.call or None,
+            "calls": self._calls(),
             "settings": self.settings,
             "runs": self.runs,
             "model": self.model_path or None,
@@ -164,6 +204,18 @@ class KeepInFloat:
             "figure": self.figure or None,
             "per_input": [f.to_dict() for f in self.per_input],
         }
+
+    def _calls(self) -> dict[str, str] | None:
+        """Each tool's way to apply the answer: ``onnxruntime`` (the quantizer call) and, for
+        a weight-only model, ``genai_builder`` (its ``--extra_options``)."""
+        if not self.call:
+            return None
+        out = {"onnxruntime": self.call}
+        if self.alternative:
+            out["onnxruntime_nodes_to_exclude"] = self.alternative
+        if self.builder_options:
+            out["genai_builder"] = self.builder_options
+        return out
 
     def lines(self) -> list[str]:
         """The answer, what verified it, and the call to paste."""
@@ -175,12 +227,28 @@ class KeepInFloat:
             if self.requantized is not None:
                 b, a = self.requantized
                 measured = f"{fmt(b)} -> {fmt(a)} re-quantized ({measured} patched)"
-            out.append(
-                f"keep in float ({state} {by}, {self.runs} runs): {self.nodes_to_exclude}; "
-                f"{self.goal}: {measured}"
-            )
+            if self.kind == "accuracy_level":
+                out.append(
+                    f"not weight rounding: {self.cause} ({state} {by}: {self.goal}: {measured})"
+                )
+            else:
+                out.append(
+                    f"keep in float ({state} {by}, {self.runs} runs): {self.nodes_to_exclude}; "
+                    f"{self.goal}: {measured}"
+                )
+                if self.cause:
+                    out.append(self.cause)
+                if self.eight_bits is not None:
+                    enough = self.kind == "customized_weight_config"
+                    out.append(
+                        f"8 bits are {'enough' if enough else 'not enough'} for them: "
+                        f"{self.goal.split(' ≤')[0]} {fmt(self.eight_bits)} re-quantized with "
+                        "their weights at 8 bits"
+                    )
             if self.call:
                 out.append(f"paste: {self.call}")
+            if self.builder_options:
+                out.append(f"onnxruntime-genai builder: {self.builder_options}")
         out += figure_lines(self.figure, self.per_input)
         if self.note:
             out.append(self.note)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from onnx_bisect.graph.refloat import weight_only_dequantized
 from onnx_bisect.graph.view import LoadedModel, NodeInfo
 
 __all__ = [
@@ -54,7 +55,7 @@ _PASS_THROUGH = frozenset(
 _DYNAMIC = frozenset({"DynamicQuantizeLinear"})
 # Weight-only kernels (onnxruntime's MatMulNBitsQuantizer): float activations in and out,
 # blockwise int4/int8 weights inside.
-WEIGHT_ONLY = frozenset({"MatMulNBits"})
+WEIGHT_ONLY = frozenset({"MatMulNBits", "GatherBlockQuantized"})
 _ACCUMULATORS = frozenset({"MatMulInteger", "ConvInteger"})
 # onnxruntime's names for the integer tensor replacing X: X_quantized, and Xquantized for
 # the outputs of a Split it moved to integers.
@@ -98,8 +99,11 @@ def is_quantized(model: LoadedModel) -> bool:
 
 
 def is_weight_only(model: LoadedModel) -> bool:
-    """Whether the model has weight-only quantized kernels (MatMulNBits)."""
-    return any(n.op_type in WEIGHT_ONLY for n in model.nodes)
+    """Whether the model has weight-only quantized kernels (MatMulNBits, GatherBlockQuantized)
+    or their QDQ form (int4 or blockwise DequantizeLinear of a weight)."""
+    return any(n.op_type in WEIGHT_ONLY for n in model.nodes) or bool(
+        weight_only_dequantized(model.model)
+    )
 
 
 def _quant_op(n: NodeInfo) -> bool:

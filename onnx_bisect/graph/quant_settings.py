@@ -12,6 +12,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnx_bisect.graph.refloat import weight_only_dequantized
+
 __all__ = ["QuantSettings", "read_settings"]
 
 # Integer dtype of the zero point -> onnxruntime's QuantType name.
@@ -44,6 +46,10 @@ class QuantSettings:
     block_size: int = 0
     weight_symmetric: bool = False
     accuracy_level: int | None = None
+    # The weight-only quantizer's ``quant_format`` (QOperator: MatMulNBits; QDQ: blockwise
+    # DequantizeLinear) and ``op_types_to_quantize`` (Gather too: GatherBlockQuantized).
+    nbits_format: str = "QOperator"
+    op_types: tuple[str, ...] = ("MatMul",)
 
     @property
     def dynamic(self) -> bool:
@@ -70,10 +76,15 @@ class QuantSettings:
     def call(self, nodes: Sequence[str]) -> str:
         """The call to paste: the float model quantized again with ``nodes`` excluded."""
         if self.form == "nbits":
+            extra = ""
+            if self.nbits_format != "QOperator":
+                extra += f"quant_format=QuantFormat.{self.nbits_format}, "
+            if self.op_types != ("MatMul",):
+                extra += f"op_types_to_quantize={self.op_types!r}, "
             return (
                 f"MatMulNBitsQuantizer(model, bits={self.bits}, block_size={self.block_size}, "
                 f"is_symmetric={self.weight_symmetric}, accuracy_level={self.accuracy_level}, "
-                f"nodes_to_exclude={list(nodes)!r}).process()"
+                f"{extra}nodes_to_exclude={list(nodes)!r}).process()"
             )
         head = (
             "quantize_dynamic(model_input, model_output"
@@ -93,6 +104,8 @@ class QuantSettings:
                 "block_size": self.block_size,
                 "is_symmetric": self.weight_symmetric,
                 "accuracy_level": self.accuracy_level,
+                "quant_format": self.nbits_format,
+                "op_types_to_quantize": list(self.op_types),
             }
         return {
             "format": self.form,
@@ -114,8 +127,11 @@ def read_settings(model: onnx.ModelProto) -> QuantSettings:
     ops = {n.op_type for n in g.node}
     activations: list[onnx.TensorProto] = []
     weights: list[tuple[onnx.TensorProto | None, onnx.TensorProto | None, onnx.TensorProto]] = []
-    if "MatMulNBits" in ops:
-        return _nbits(next(n for n in g.node if n.op_type == "MatMulNBits"))
+    if ops & {"MatMulNBits", "GatherBlockQuantized"}:
+        return _nbits(model)
+    blockwise = weight_only_dequantized(model)
+    if blockwise and "QuantizeLinear" not in ops:
+        return _nbits_qdq(next(iter(blockwise.values())), inits)
     if "DynamicQuantizeLinear" in ops or ops & _DYNAMIC_KERNELS:
         form = "dynamic"
         for n in g.node:
@@ -167,16 +183,35 @@ def _settings(
     return QuantSettings(form, act, wt, per_channel, symmetric, reduce_range)
 
 
-def _nbits(node: onnx.NodeProto) -> QuantSettings:
-    """A weight-only model's settings, from its first MatMulNBits: an asymmetric one has
-    zero points (its fourth input)."""
+def _nbits(model: onnx.ModelProto) -> QuantSettings:
+    """A weight-only model's settings, from its first MatMulNBits (else GatherBlockQuantized):
+    an asymmetric one has zero points (MatMulNBits' fourth input, GatherBlockQuantized's)."""
+    g = model.graph
+    kernels = [n for n in g.node if n.op_type in ("MatMulNBits", "GatherBlockQuantized")]
+    node = next((n for n in kernels if n.op_type == "MatMulNBits"), kernels[0])
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    symmetric = not (len(node.input) > 3 and node.input[3])  # the zero point, in both
     bits = int(attrs.get("bits", 4))
-    symmetric = not (len(node.input) > 3 and node.input[3])
     level = attrs.get("accuracy_level")
+    gather = any(n.op_type == "GatherBlockQuantized" for n in kernels)
     return QuantSettings(
-        "nbits", "", f"QInt{bits}", False, False, False, bits, int(attrs.get("block_size", 0)),
+        "nbits", "", f"QInt{bits}", False, False, False, bits, int(attrs.get("block_size", 128)),
         symmetric, int(level) if level is not None else None,
+        op_types=("MatMul", "Gather") if gather else ("MatMul",),
+    )  # fmt: skip
+
+
+def _nbits_qdq(dq: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> QuantSettings:
+    """MatMulNBitsQuantizer's QDQ form: bits by the weight's type, symmetric without a zero
+    point, the DequantizeLinear's block size."""
+    t = inits[dq.input[0]]
+    narrow = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
+    bits = 4 if t.data_type in narrow else 8
+    symmetric = not (len(dq.input) > 2 and dq.input[2])
+    block = next((a.i for a in dq.attribute if a.name == "block_size"), 0)
+    return QuantSettings(
+        "nbits", "", f"QInt{bits}", False, False, False, bits, int(block), symmetric, None,
+        nbits_format="QDQ",
     )  # fmt: skip
 
 

@@ -11,6 +11,11 @@ product of scales) becomes the float MatMul/Conv of the chain's float input and 
 weight, writing the Mul's output; the DynamicQuantizeLinear and scales Mul stay while another
 node reads them.
 
+Weight-only kernels (onnxruntime's MatMulNBitsQuantizer) keep float activations: a MatMulNBits
+becomes the float MatMul, a GatherBlockQuantized the float Gather, each with the float model's
+weight; in its QDQ form (``quant_format=QDQ``: a blockwise int4 DequantizeLinear of the weight
+read by a MatMul) the MatMul reads the float weight instead.
+
 Kernels are named as ``quantize_static/quantize_dynamic(nodes_to_exclude=...)`` takes them:
 the node onnxruntime's quantizer quantized (the kernel's name less ``_quant``), else the float
 node reading its weight.
@@ -18,14 +23,22 @@ node reading its weight.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["FloatKernels", "integer_kernels", "restore_float"]
+__all__ = [
+    "FloatKernels",
+    "float_activations",
+    "integer_kernels",
+    "restore_float",
+    "weight_only_dequantized",
+]
 
 # op -> (float op, first input of each quantized operand, output scale's input or None, bias)
 _QOPERATOR: dict[str, tuple[str, tuple[int, ...], int | None, int | None]] = {
@@ -42,12 +55,17 @@ _QOPERATOR: dict[str, tuple[str, tuple[int, ...], int | None, int | None]] = {
     "QLinearConcat": ("Concat", (), 0, None),
 }
 _DYNAMIC = {"MatMulInteger": "MatMul", "ConvInteger": "Conv"}
-# Weight-only kernels: activations stay float, the float model's weight goes back in.
-_WEIGHT_ONLY = {"MatMulNBits": "MatMul"}
+# Weight-only kernels: activations stay float, the float model's weight goes back in; the
+# quantized weight's input.
+_WEIGHT_ONLY = {"MatMulNBits": 1, "GatherBlockQuantized": 0}
+# A float op reading a blockwise-dequantized weight (MatMulNBitsQuantizer's QDQ form).
+_QDQ_READERS = {"MatMul": 1}
 # Attributes of the integer kernel that its float op lacks.
 _DROPPED_ATTRS = frozenset({"opset", "channels_last"})
 _SUFFIX = "_quant"
-_NBITS_SUFFIX = "_Q4"  # MatMulNBitsQuantizer's name for the node it quantized, 4 bits
+# MatMulNBitsQuantizer's names for what it quantized: the node and weight ``<name>_Q4`` (bits),
+# in QDQ form the MatMul ``<name>_matmul_Q4`` and the weight ``<name>_DQ_Q4``.
+_NBITS_SUFFIX = re.compile(r"(_matmul|_DQ)?_Q\d+$")
 
 
 @dataclass(frozen=True)
@@ -68,10 +86,11 @@ def integer_kernels(model: onnx.ModelProto, float_model: onnx.ModelProto) -> Flo
     inits = {t.name for t in model.graph.initializer}
     kernels: dict[str, str] = {}
     skipped: dict[str, str] = {}
+    blockwise = weight_only_dequantized(model)
     for n in model.graph.node:
-        if n.op_type in _WEIGHT_ONLY:
-            weight = n.input[1].removesuffix(_NBITS_SUFFIX) if len(n.input) > 1 else ""
-            name = weight_readers.get(weight, n.name.removesuffix(_NBITS_SUFFIX))
+        weight = _weight_only_weight(n, blockwise)
+        if weight is not None:
+            name = weight_readers.get(_NBITS_SUFFIX.sub("", weight), _NBITS_SUFFIX.sub("", n.name))
             kernels.setdefault(name, n.name)
             continue
         if n.op_type not in _QOPERATOR and n.op_type not in _DYNAMIC:
@@ -94,6 +113,32 @@ def integer_kernels(model: onnx.ModelProto, float_model: onnx.ModelProto) -> Flo
             continue
         kernels[name] = n.name
     return FloatKernels(kernels, skipped)
+
+
+def _weight_only_weight(n: onnx.NodeProto, blockwise: Mapping[str, onnx.NodeProto]) -> str | None:
+    """The quantized weight a weight-only kernel reads ("" if none is named); None: ``n`` is
+    not one."""
+    at = _WEIGHT_ONLY.get(n.op_type)
+    if at is not None:
+        return n.input[at] if len(n.input) > at else ""
+    at = _QDQ_READERS.get(n.op_type)
+    dq = blockwise.get(n.input[at]) if at is not None and len(n.input) > at else None
+    return dq.input[0] if dq is not None else None
+
+
+def weight_only_dequantized(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    """Output -> DequantizeLinear of an initializer holding int4/uint4 values or dequantized
+    blockwise (``block_size``): a weight-only quantizer's QDQ form."""
+    inits = {t.name: t for t in model.graph.initializer}
+    narrow = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
+    out: dict[str, onnx.NodeProto] = {}
+    for n in model.graph.node:
+        if n.op_type != "DequantizeLinear" or n.input[0] not in inits:
+            continue
+        block = next((a.i for a in n.attribute if a.name == "block_size"), 0)
+        if block > 0 or inits[n.input[0]].data_type in narrow:
+            out[n.output[0]] = n
+    return out
 
 
 def _unrestorable(node: onnx.NodeProto, model: onnx.ModelProto) -> str:
@@ -138,7 +183,7 @@ def restore_float(
     for node in list(g.node):
         if node.name not in kernels:
             continue
-        if node.op_type in _WEIGHT_ONLY:
+        if node.op_type in _WEIGHT_ONLY or node.op_type in _QDQ_READERS:
             ctx.weight_only(node, kernels[node.name])
         elif node.op_type in _DYNAMIC:
             ctx.dynamic(node, kernels[node.name])
@@ -336,11 +381,20 @@ class _Context:
         self.g.node.remove(mul)
 
     def weight_only(self, node: onnx.NodeProto, name: str) -> None:
-        """MatMulNBits -> MatMul of its float input and the float model's weight (the float
-        node's own weight input), plus its bias."""
+        """MatMulNBits (or a MatMul of a dequantized weight) -> MatMul of its float input and
+        the float model's weight (the float node's own weight input), plus its bias;
+        GatherBlockQuantized -> Gather of the float weight along its gather axis."""
         f = next((n for n in self.float_model.graph.node if n.name == name), None)
-        w = self.float_weight_named(f.input[1]) if f is not None and len(f.input) > 1 else ""
+        gather = node.op_type == "GatherBlockQuantized"
+        at = 0 if gather else 1
+        w = self.float_weight_named(f.input[at]) if f is not None and len(f.input) > at else ""
         if not w:
+            return
+        if gather:
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            axis = int(attrs.get("gather_axis", 0))
+            self._replace(node, [helper.make_node("Gather", [w, node.input[1]], [node.output[0]],
+                                                  name=self.fresh(name), axis=axis)])  # fmt: skip
             return
         bias = node.input[5] if len(node.input) > 5 and node.input[5] else ""
         out = self.fresh(f"{node.output[0]}_matmul") if bias else node.output[0]
@@ -382,3 +436,69 @@ def _drop_newly_unread(g: onnx.GraphProto, before: set[str]) -> None:
     unread = _unread(g) - before
     for t in [t for t in g.initializer if t.name in unread]:
         g.initializer.remove(t)
+
+
+def float_activations(model: onnx.ModelProto, kernels: Collection[str]) -> onnx.ModelProto:
+    """``model`` with the MatMulNBits ``kernels`` names computing as a float MatMul of their
+    own int4 weights, dequantized into an initializer: the same weight rounding without the
+    kernel's ``accuracy_level`` (its int8 activations). Not a DequantizeLinear: ONNX Runtime
+    fuses DequantizeLinear -> MatMul back into MatMulNBits at accuracy_level 4."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    before = _unread(g)
+    inits = {t.name: t for t in g.initializer}
+    for node in list(g.node):
+        if node.name not in kernels or node.op_type != "MatMulNBits":
+            continue
+        w = _dequantized_nbits(node, inits)
+        if w is None:
+            continue
+        name = f"{node.name}_dequantized"
+        g.initializer.append(numpy_helper.from_array(w, name))
+        at = list(g.node).index(node)
+        bias = node.input[5] if len(node.input) > 5 and node.input[5] else ""
+        y = f"{node.output[0]}_matmul" if bias else node.output[0]
+        new = [helper.make_node("MatMul", [node.input[0], name], [y], name=f"{node.name}_float")]
+        if bias:
+            new.append(helper.make_node("Add", [y, bias], [node.output[0]], name=f"{name}_bias"))
+        g.node.remove(node)
+        for k, n in enumerate(new):
+            g.node.insert(at + k, n)
+    _drop_newly_unread(g, before)
+    return out
+
+
+def _unpacked(q: np.ndarray[Any, Any], bits: int) -> np.ndarray[Any, Any]:
+    """Bytes packing ``8 // bits`` values each, low bits first, one value per element."""
+    v = q.astype(np.int32)
+    if bits == 8:
+        return v
+    shifts = np.arange(0, 8, bits, dtype=np.int32)
+    v = (v[..., None] >> shifts) & ((1 << bits) - 1)
+    return v.reshape(*q.shape[:-1], q.shape[-1] * (8 // bits))
+
+
+def _dequantized_nbits(
+    node: onnx.NodeProto, inits: Mapping[str, onnx.TensorProto]
+) -> np.ndarray[Any, Any] | None:
+    """A MatMulNBits' weight [K, N] in float32: (q - zero point) × scale per block."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    k, n, bits, block = (int(attrs[a]) for a in ("K", "N", "bits", "block_size"))
+    named = [inits.get(i) for i in node.input[1:4]] + [None] * 3
+    b, scales, zp = named[:3]
+    if b is None or scales is None or (len(node.input) > 4 and any(node.input[4:5])):
+        return None  # g_idx: act-order, not read here
+    blocks = -(-k // block)
+    q = _unpacked(numpy_helper.to_array(b).reshape(n, blocks, -1), bits).reshape(n, -1)[:, :k]
+    s = numpy_helper.to_array(scales).astype(np.float32).reshape(n, blocks)
+    if zp is None:
+        z = np.full_like(s, float(1 << (bits - 1)))
+    else:
+        zv = numpy_helper.to_array(zp)
+        packed = zv.dtype == np.uint8
+        z = (_unpacked(zv.reshape(n, -1), bits)[:, :blocks] if packed
+             else zv.reshape(n, blocks)).astype(np.float32)  # fmt: skip
+    at = np.arange(k) // block
+    w = (q.astype(np.float32) - z[:, at]) * s[:, at]
+    return np.ascontiguousarray(w.T)

@@ -19,8 +19,9 @@ from collections.abc import Collection
 import onnx
 from onnx import helper
 
-from onnx_bisect.graph.qdq import QDQ_OPS
+from onnx_bisect.graph.qdq import QDQ_OPS, WEIGHT_ONLY
 from onnx_bisect.graph.qdq_plan import OP_TYPES, QDQPlan, qdq_plan
+from onnx_bisect.graph.refloat import weight_only_dequantized
 from onnx_bisect.graph.view import LoadedModel
 
 __all__ = ["Unquantizer", "is_qdq", "quantized_nodes"]
@@ -30,13 +31,16 @@ _OUTPUT_SUFFIX = "_QuantizeLinear_Input"  # onnxruntime's name for a quantized g
 
 def is_qdq(model: LoadedModel) -> bool:
     """Whether every quantized computation is float ops between Q/DQ pairs: no integer kernel
-    (QLinearConv, MatMulInteger, ...) whose float form this module could not restore."""
-    return not any(
-        n.op_type.startswith("QLinear")
-        or n.op_type
-        in ("QGemm", "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear", "MatMulNBits")
-        for n in model.nodes
+    (QLinearConv, MatMulInteger, ...) whose float form this module could not restore, and not
+    a weight-only quantizer's QDQ form (int4 or blockwise DequantizeLinear of the weights, no
+    QuantizeLinear: ``graph/refloat.py`` restores those MatMuls)."""
+    kernels = ("QGemm", "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear", *WEIGHT_ONLY)
+    if any(n.op_type.startswith("QLinear") or n.op_type in kernels for n in model.nodes):
+        return False
+    weight_only = not any(n.op_type == "QuantizeLinear" for n in model.nodes) and bool(
+        weight_only_dequantized(model.model)
     )
+    return not weight_only
 
 
 def quantized_nodes(model: LoadedModel) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from onnx_bisect.compare.quant import channel_rel_l2, mean_channel_rel_l2
 from onnx_bisect.compare.topk import topk_checks
 from onnx_bisect.engine.measure.goals import goal_runs
 from onnx_bisect.engine.passes.search import find_guilty
+from onnx_bisect.engine.quant.accuracy import accuracy_level_cause, eight_bits
 from onnx_bisect.engine.quant.verify import requantized
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
@@ -174,6 +175,8 @@ def search_keep_in_float(
     if keep:
         with session.timer.stage("re-quantize"):
             found = requantized(session, target, found, trials.limit, measured)
+            found = accuracy_level_cause(session, target, found, trials.limit, measured)
+            found = eight_bits(session, target, found, trials.limit, measured)
     return found, sensitivity
 
 

@@ -58,8 +58,9 @@ class Requantizer:
             self.inputs = _calibration_file(float_path, calibration, scratch)
         self.runs = 0
 
-    def model(self, nodes: Sequence[str]) -> onnx.ModelProto:
-        """The float model quantized with ``nodes`` excluded."""
+    def model(self, nodes: Sequence[str], eight_bits: Sequence[str] = ()) -> onnx.ModelProto:
+        """The float model quantized with ``nodes`` excluded (a weight-only model: and
+        ``eight_bits`` quantized to 8 bits, by RTN's ``customized_weight_config``)."""
         self.runs += 1
         out = self.scratch / f"requantized{self.runs}.onnx"
         job = {
@@ -69,6 +70,7 @@ class Requantizer:
             "cache": str(self.scratch / "calibration.json"),
             "settings": self.settings.to_dict(),
             "nodes": list(nodes),
+            "eight_bits": list(eight_bits),
         }
         argv = [sys.executable, "-m", "onnx_bisect.engine.quant.requantize", json.dumps(job)]
         try:
@@ -111,12 +113,20 @@ def _child(job: dict[str, Any]) -> None:
 
     s = job["settings"]
     if s["format"] == "nbits":
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+        from onnxruntime.quantization.matmul_nbits_quantizer import (
+            MatMulNBitsQuantizer,
+            RTNWeightOnlyQuantConfig,
+        )
 
+        algo = None
+        if job["eight_bits"]:
+            config = {n: {"bits": 8} for n in job["eight_bits"]}
+            algo = RTNWeightOnlyQuantConfig(customized_weight_config=config)
         q = MatMulNBitsQuantizer(
             onnx.load(job["float"]), bits=s["bits"], block_size=s["block_size"],
             is_symmetric=s["is_symmetric"], accuracy_level=s["accuracy_level"],
-            nodes_to_exclude=job["nodes"],
+            nodes_to_exclude=job["nodes"], quant_format=QuantFormat[s["quant_format"]],
+            op_types_to_quantize=tuple(s["op_types_to_quantize"]), algo_config=algo,
         )  # fmt: skip
         q.process()
         q.model.save_model_to_file(job["out"])
