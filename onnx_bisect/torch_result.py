@@ -39,6 +39,7 @@ class TorchRefSummary:
     unmapped: tuple[str, ...]
     first_module: str | None
     was_training: bool = False
+    role: str = "reference"  # what PyTorch is: the reference, or the target under test
 
     @property
     def first(self) -> ModuleRecord | None:

@@ -96,3 +96,20 @@ def export_training(path: Path) -> Path:
             training=torch.onnx.TrainingMode.TRAINING, input_names=["x"],
         )  # fmt: skip
     return path
+
+
+def make_drifted() -> nn.Module:
+    """``make()``'s model with the second block's GELU replaced by a SiLU: a module changed
+    after its export, under test against the ONNX model of ``make()``."""
+    model, _ = make()
+    block = model.blocks[1]
+    assert isinstance(block, Block)
+    block.act = nn.SiLU()
+    return model
+
+
+def make64() -> nn.Module:
+    """``make()``'s model in float64: it computes in another precision than its float32
+    export."""
+    model, _ = make()
+    return model.double()

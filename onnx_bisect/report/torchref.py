@@ -20,6 +20,7 @@ def torch_dict(d: TorchRefSummary) -> dict[str, Any]:
     """report.json's ``torch``."""
     return {
         "source": d.source,
+        "role": d.role,
         "modules": d.modules,
         "first_divergent_module": d.first_module,
         "was_training": d.was_training,

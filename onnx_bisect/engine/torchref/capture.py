@@ -16,7 +16,16 @@ import numpy.typing as npt
 
 from onnx_bisect.errors import InputError
 
-__all__ = ["PREFIX", "Captured", "TorchModel", "capture", "is_torch_ref", "load_torch_ref"]
+__all__ = [
+    "PREFIX",
+    "Captured",
+    "TorchModel",
+    "capture",
+    "float_dtype",
+    "is_torch_ref",
+    "load_torch_ref",
+    "precision_twin",
+]
 
 PREFIX = "pytorch:"
 Array = npt.NDArray[Any]
@@ -60,9 +69,10 @@ def _torch_nn_if_loaded() -> Any:
     return getattr(torch, "nn", None) if torch is not None else None
 
 
-def load_torch_ref(ref: object) -> TorchModel:
+def load_torch_ref(ref: object, role: str = "ref") -> TorchModel:
     """The module ``ref`` names, in eval mode. ``pytorch:FILE.py:FACTORY``: ``FACTORY()`` in
-    ``FILE.py`` returns an ``nn.Module`` or ``(module, example_inputs)``."""
+    ``FILE.py`` returns an ``nn.Module`` or ``(module, example_inputs)``. ``role``: the option
+    that named it (``ref`` or ``target``), for errors."""
     import torch
 
     source = type(ref).__name__
@@ -70,28 +80,51 @@ def load_torch_ref(ref: object) -> TorchModel:
     if isinstance(ref, str):
         path, _, name = ref.removeprefix(PREFIX).rpartition(":")
         if not path or not name:
-            raise InputError(f"ref {ref}: expected pytorch:FILE.py:FACTORY", option="ref")
-        made = getattr(_import_file(Path(path), ref), name, None)
+            raise InputError(f"{role} {ref}: expected pytorch:FILE.py:FACTORY", option=role)
+        made = getattr(_import_file(Path(path), ref, role), name, None)
         if made is None:
-            raise InputError(f"ref {ref}: {path} has no {name}", option="ref")
+            raise InputError(f"{role} {ref}: {path} has no {name}", option=role)
         made = made()
         source = f"{Path(path).name}:{name}"
     module = made[0] if isinstance(made, tuple | list) else made
     if not isinstance(module, torch.nn.Module):
         raise InputError(
-            f"ref: {source} gave {type(module).__name__}, not an nn.Module", option="ref"
+            f"{role}: {source} gave {type(module).__name__}, not an nn.Module", option=role
         )
     was_training = bool(module.training)
     module.eval()
     return TorchModel(module, source, was_training)
 
 
-def _import_file(path: Path, ref: str) -> Any:
+def precision_twin(model: TorchModel) -> TorchModel:
+    """A deep copy of the module in the other float precision: float64 for a float32 module
+    (its float64 run gives each output's fp32 noise, as the float64 oracle does for two
+    backends), float32 for a float64 one (the precision an ONNX model in float32 computes
+    in). The module itself is left as it is."""
+    import copy
+
+    import torch
+
+    twin = copy.deepcopy(model.module)
+    twin = twin.float() if float_dtype(model.module) == torch.float64 else twin.double()
+    return TorchModel(twin.eval(), model.source, model.was_training)
+
+
+def float_dtype(module: Any) -> Any:
+    """The dtype the module computes floats in: its first float parameter's or buffer's
+    (float32 for a module with none)."""
+    import torch
+
+    tensors = [*module.parameters(), *module.buffers()]
+    return next((t.dtype for t in tensors if t.is_floating_point()), torch.float32)
+
+
+def _import_file(path: Path, ref: str, role: str) -> Any:
     if not path.is_file():
-        raise InputError(f"ref {ref}: no such file {path}", option="ref")
+        raise InputError(f"{role} {ref}: no such file {path}", option=role)
     spec = importlib.util.spec_from_file_location(f"onnx_bisect_ref_{path.stem}", path)
     if spec is None or spec.loader is None:
-        raise InputError(f"ref {ref}: cannot import {path}", option="ref")
+        raise InputError(f"{role} {ref}: cannot import {path}", option=role)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -125,10 +158,13 @@ def _call_args(
     module: Any, feeds: Mapping[str, Array], names: Sequence[str]
 ) -> tuple[list[Any], dict[str, Any]]:
     """ONNX input names <-> ``forward``'s parameter names where they all match, else by
-    position (a TorchScript export names its inputs ``input.1``)."""
+    position (a TorchScript export names its inputs ``input.1``). Float inputs in the float
+    dtype the module computes in (a float64 module is fed the float32 inputs as float64)."""
     import torch
 
+    dtype = float_dtype(module)
     tensors = {n: torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in names}
+    tensors = {n: t.to(dtype) if t.is_floating_point() else t for n, t in tensors.items()}
     params = inspect.signature(module.forward).parameters
     if all(n in params for n in names):
         return [], tensors

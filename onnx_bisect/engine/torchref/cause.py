@@ -1,7 +1,8 @@
 """Why the first divergent module diverges: its ONNX nodes (the scope's nodes that its output
 depends on) fed the module's own captured inputs and computed in float64. Different from the
 module's output: the translation is wrong (``export``); the same, and the target's run of
-those nodes differs from float64: the target's kernel is off (``runtime``)."""
+those nodes differs from float64: the target's kernel is off (``runtime``; ``reference``
+where PyTorch is the target and the ONNX model runs on the reference)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from onnx_bisect.graph.extract import window_model
 from onnx_bisect.graph.view import LoadedModel, NodeInfo, TensorMeta
 from onnx_bisect.result import CauseKind, RootCause
 
-__all__ = ["Cause", "Window", "module_cause", "module_window", "training_ops"]
+__all__ = ["Cause", "Side", "Window", "module_cause", "module_window", "training_ops"]
 
 Array = npt.NDArray[Any]
 # The target's values of tensors, by name: a run of the whole model marking them.
@@ -51,6 +52,22 @@ class Cause:
     mine: Comparison | None
     target_runs: int  # of the cut nodes (the whole model's, for their feeds, not counted)
     from_torch: int  # feeds of the window that were the module's captured inputs
+    window: Window | None = None  # the nodes cut out and their feeds (a repro bundle's)
+
+
+@dataclass(frozen=True)
+class Side:
+    """Where PyTorch stands: the reference (the ONNX model on the target is under test) or
+    the target (the module is under test against the ONNX model on the reference); for a
+    float64 module, its output (``torch64``) and its float32 twin's (``twin32``)."""
+
+    torch_is_ref: bool = True
+    torch64: Array | None = None
+    twin32: Array | None = None
+
+    @property
+    def onnx_role(self) -> str:
+        return "target" if self.torch_is_ref else "reference"
 
 
 def module_window(
@@ -138,11 +155,13 @@ def module_cause(
     window: Window,
     tensor: str,
     torch_output: Array,
-    target: Backend,
+    backend: Backend,
     crit: Criterion,
     label: str,
+    side: Side = Side(),
 ) -> Cause:
-    """The root cause of ``label``'s divergence (a module's description)."""
+    """The root cause of ``label``'s divergence (a module's description). ``backend`` runs
+    the ONNX model: the target, or (``side.torch_is_ref`` false) the reference."""
     f64 = create_backend(ORACLE).run(window.model, window.feeds)[tensor]
     exact = np.asarray(f64, dtype=np.float64)
     theirs = compare_tensors(tensor, np.asarray(torch_output, np.float64), exact, crit)
@@ -158,18 +177,42 @@ def module_cause(
                 f"; it was exported in training mode ({'; '.join(window.training)}): "
                 "export the model after model.eval()"
             )
-        return Cause(RootCause(CauseKind.EXPORT, nodes, reason), theirs, None, 0, fed)
-    ran = target.run(window.model, window.feeds)[tensor]
+        return Cause(RootCause(CauseKind.EXPORT, nodes, reason), theirs, None, 0, fed, window)
+    ran = backend.run(window.model, window.feeds)[tensor]
     mine = compare_tensors(tensor, exact, np.asarray(ran, np.float64), crit)
     if mine.diverged:
-        reason = (
-            f"{label}: its ONNX nodes agree with torch in float64, and the target's run of "
-            f"them, fed the same inputs, does not (rel_l2={mine.shown('rel_l2')}): the "
-            "target's kernel is off"
-        )
-        return Cause(RootCause(CauseKind.RUNTIME, nodes, reason), theirs, mine, 1, fed)
+        root = _kernel_off(window, tensor, label, mine, crit, side)
+        return Cause(root, theirs, mine, 1, fed, window)
     reason = (
         f"{label}: fed the module's own inputs, its ONNX nodes agree with torch in float64 "
-        "and on the target; the error comes from its inputs' accumulated error"
+        f"and on the {side.onnx_role}; the error comes from its inputs' accumulated error"
     )
-    return Cause(RootCause(CauseKind.NONE, nodes, reason), theirs, mine, 1, fed)
+    return Cause(RootCause(CauseKind.NONE, nodes, reason), theirs, mine, 1, fed, window)
+
+
+def _kernel_off(
+    window: Window, tensor: str, label: str, mine: Comparison, crit: Criterion, side: Side
+) -> RootCause:
+    """The ONNX nodes agree with torch in float64 and the backend's run of them does not:
+    its kernel is off (``runtime`` on the target, ``reference`` on the reference), unless
+    the module computes in float64 and the ONNX model in float32 and the module's own float32
+    twin is off as much: then float32 is what differs (an export in another precision)."""
+    error = mine.shown("rel_l2")
+    dtype = window.model.graph.output[0].type.tensor_type.elem_type
+    if side.twin32 is not None and dtype == onnx.TensorProto.FLOAT:
+        own = compare_tensors(tensor, np.asarray(side.torch64, np.float64), side.twin32, crit)
+        if own.diverged:
+            reason = (
+                f"{label}: the module computes in float64, the ONNX model in float32, and in "
+                f"float32 the module itself is off by rel_l2={own.shown('rel_l2')} (the "
+                f"{side.onnx_role} by rel_l2={error}): export it after model.float(), or "
+                "compare a float32 module"
+            )
+            return RootCause(CauseKind.EXPORT, window.nodes, reason)
+    kind = CauseKind.RUNTIME if side.torch_is_ref else CauseKind.REFERENCE
+    reason = (
+        f"{label}: its ONNX nodes agree with torch in float64, and the {side.onnx_role}'s run "
+        f"of them, fed the same inputs, does not (rel_l2={error}): the {side.onnx_role}'s "
+        "kernel is off"
+    )
+    return RootCause(kind, window.nodes, reason)

@@ -1,0 +1,171 @@
+"""PyTorch on either side: the module as the target under test (``--target
+pytorch:FILE.py:FACTORY``, an ``nn.Module`` as ``target``) against the ONNX model on the
+reference; float64 noise floors from the module's precision twin; a float64 module against
+its float32 export; the culprit module's repro bundle, verified."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import onnx_bisect
+from onnx_bisect.cli import bisect_app
+from onnx_bisect.errors import InputError
+from onnx_bisect.result import CauseKind, Verdict
+from tests.faulty import FaultyBackend
+
+torch = pytest.importorskip("torch")
+
+from tests import torch_models  # noqa: E402  (imports torch)
+
+runner = CliRunner()
+MODELS = Path(torch_models.__file__)
+FAULTY = (
+    "exec:{python} examples/faulty_runtime.py {model} {inputs} {outputs} "
+    "--fault /blocks.0/act/Gelu=0.05"
+)
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The TorchScript export of ``make()``: node names carry the module paths."""
+    return torch_models.export(tmp_path_factory.mktemp("script") / "script.onnx", dynamo=False)
+
+
+def test_a_module_changed_after_its_export_is_an_export_mismatch_as_the_target(
+    script: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    target = f"pytorch:{MODELS}:make_drifted"
+    got = runner.invoke(
+        bisect_app, [str(script), "--ref", "cpu", "--target", target, "--out", str(out)]
+    )
+    assert got.exit_code == 1, got.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["ref"]["spec"] == "cpu"
+    assert report["target"]["spec"] == "pytorch:torch_models.py:make_drifted"
+    assert report["torch"]["role"] == "target"
+    assert report["torch"]["first_divergent_module"] == "blocks.1.act"
+    cause = report["root_cause"]
+    assert cause["kind"] == "export"
+    assert cause["nodes"] == ["/blocks.1/act/Gelu"]
+    assert cause["source"]["module"] == "blocks.1.act"
+    assert "Root cause (export): /blocks.1/act/Gelu — module blocks.1.act (SiLU)" in got.output
+    # The bundle: the GELU fed the SiLU's captured input, expecting its output, on cpu.
+    assert report["repro"]["reproduces"] is True
+    assert report["repro"]["nodes"] == ["/blocks.1/act/Gelu"]
+
+
+def test_a_wrong_kernel_on_the_reference_is_the_reference_off(script: Path) -> None:
+    model, _ = torch_models.make()
+    ref = FaultyBackend("/blocks.0/act/Gelu")
+    result = onnx_bisect.bisect(script, ref=ref, target=model)
+    cause = result.root_cause
+    assert cause is not None and cause.kind is CauseKind.REFERENCE
+    assert cause.nodes == ("/blocks.0/act/Gelu",)
+    assert cause.reason.endswith(
+        "its ONNX nodes agree with torch in float64, and the reference's run of them, fed the "
+        "same inputs, does not (rel_l2=0.05): the reference's kernel is off"
+    )
+    row = next(n for n in result.nodes if n.name == "/blocks.0/act/Gelu")
+    assert row.verdict is Verdict.REFERENCE_OFF
+    assert result.target.spec == "pytorch:Net" and result.torch is not None
+    assert result.torch.role == "target"
+
+
+def test_a_clean_export_agrees_with_its_module_as_the_target(script: Path) -> None:
+    model, _ = torch_models.make()
+    result = onnx_bisect.bisect(script, ref="cpu", target=model)
+    assert not result.diverged and result.root_cause is None
+    assert result.runs == {"reference": 1}
+
+
+def test_both_sides_pytorch_is_refused(script: Path) -> None:
+    model, _ = torch_models.make()
+    with pytest.raises(InputError, match=r"^target: both ref and target are PyTorch modules"):
+        onnx_bisect.bisect(script, ref=model, target=f"pytorch:{MODELS}:make")
+
+
+def test_auto_thresholds_are_the_fp32_noise_of_each_module_from_its_float64_run(
+    script: Path,
+) -> None:
+    model, _ = torch_models.make()
+    result = onnx_bisect.bisect(script, ref=model, target="cpu", threshold="auto")
+    assert not result.diverged
+    assert result.notes[1] == (
+        "--threshold auto: each tensor's fp32 noise from the module run in float64 (12 "
+        "tensors; 1e-3 where none)"
+    )
+    assert result.torch is not None
+    floors = [r.comparison.noise for r in result.torch.mapped]
+    # Every mapped module has its own floor: fp32 rounding, far below the fixed 1e-3.
+    assert all(f is not None and 1e-9 < f < 1e-5 for f in floors), floors
+    act = next(r.comparison for r in result.torch.mapped if r.module == "blocks.0.act")
+    assert act.noise is not None and act.threshold == pytest.approx(4 * act.noise + 1e-5)
+
+
+def test_a_faulty_kernel_within_a_fixed_threshold_is_found_over_noise_floors(
+    script: Path,
+) -> None:
+    model, _ = torch_models.make()
+    target = FaultyBackend("/blocks.0/act/Gelu", factor=1e-4)
+    fixed = onnx_bisect.bisect(script, ref=model, target=target, threshold=1e-3)
+    assert not fixed.diverged
+    auto = onnx_bisect.bisect(script, ref=model, target=target, threshold="auto")
+    cause = auto.root_cause
+    assert cause is not None and cause.kind is CauseKind.RUNTIME
+    assert cause.nodes == ("/blocks.0/act/Gelu",)
+
+
+def test_a_float64_module_against_its_float32_export_is_named(script: Path) -> None:
+    ref = f"pytorch:{MODELS}:make64"
+    tight = onnx_bisect.bisect(script, ref=ref, target="cpu", threshold=1e-9)
+    cause = tight.root_cause
+    assert cause is not None and cause.kind is CauseKind.EXPORT
+    assert cause.nodes == ("/embed/MatMul", "/embed/Add")
+    assert "module embed (Linear): the module computes in float64, the ONNX model in float32, " in (
+        cause.reason
+    )
+    said = (
+        "the module computes in float64, the ONNX model in float32: differences up to "
+        "float32's noise are expected (--threshold auto measures it per tensor); export "
+        "after model.float() to compare like with like"
+    )
+    assert said in tight.notes
+    # Its float32 twin gives the noise floors: the float32 export is within them.
+    auto = onnx_bisect.bisect(script, ref=ref, target="cpu", threshold="auto")
+    assert not auto.diverged
+    assert "each tensor's fp32 noise from the module run in float32" in " ".join(auto.notes)
+
+
+def test_the_culprit_modules_bundle_reproduces_in_a_fresh_process(
+    script: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    ref = f"pytorch:{MODELS}:make"
+    got = runner.invoke(
+        bisect_app, [str(script), "--ref", ref, "--target", FAULTY, "--out", str(out)]
+    )
+    assert got.exit_code == 1, got.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["root_cause"]["kind"] == "runtime"
+    repro = report["repro"]
+    assert (repro["nodes"], repro["reproduces"]) == (["/blocks.0/act/Gelu"], True)
+    bundle = out / "repro"
+    ran = subprocess.run(
+        [sys.executable, "repro.py"], cwd=bundle, capture_output=True, text=True, check=False
+    )
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    assert "reference  dump:test_data_set_0: matches expected outputs (rel_l2 0)" in ran.stdout
+    assert "REPRODUCED: the target diverges from the reference on this subgraph" in ran.stdout
+    # Against a right kernel, the module's output is what the GELU computes: not reproduced.
+    right = subprocess.run(
+        [sys.executable, "repro.py", "--target", "cpu"],
+        cwd=bundle, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert right.returncode == 0, right.stdout + right.stderr
