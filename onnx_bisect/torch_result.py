@@ -40,6 +40,8 @@ class TorchRefSummary:
     first_module: str | None
     was_training: bool = False
     role: str = "reference"  # what PyTorch is: the reference, or the target under test
+    # The ONNX inputs against the module's example inputs: dtype, layout, scale, a line each.
+    preprocessing: tuple[str, ...] = ()
 
     @property
     def first(self) -> ModuleRecord | None:

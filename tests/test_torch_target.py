@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -169,3 +170,54 @@ def test_the_culprit_modules_bundle_reproduces_in_a_fresh_process(
         cwd=bundle, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert right.returncode == 0, right.stdout + right.stderr
+
+
+def test_weights_changed_after_the_export_were_captured_at_export_time(script: Path) -> None:
+    result = onnx_bisect.bisect(script, ref=f"pytorch:{MODELS}:make_retrained", target="cpu")
+    cause = result.root_cause
+    assert cause is not None and cause.kind is CauseKind.EXPORT
+    assert cause.nodes == ("/blocks.1/fc/MatMul", "/blocks.1/fc/Add")
+    # The TorchScript export renamed the transposed weight: found through its reader's module.
+    assert cause.reason == (
+        "module blocks.1.fc (Linear): its ONNX nodes read onnx::MatMul_44 (the module's "
+        "blocks.1.fc.weight, rel_l2=0.0909), captured at export time, where the module holds "
+        "other values at run time: the module changed after its export; export it again"
+    )
+    assert (
+        "initializers captured at export time that differ from the module's parameters or "
+        "buffers at run time (1): onnx::MatMul_44 (the module's blocks.1.fc.weight, "
+        "rel_l2=0.0909)"
+    ) in result.notes
+
+
+def test_inputs_in_another_layout_and_scale_are_preprocessing(tmp_path: Path) -> None:
+    path = torch_models.export_nhwc(tmp_path / "nhwc.onnx")
+    image = np.random.default_rng(0).uniform(0, 255, (1, 8, 8, 3)).astype(np.float32)
+    ref = f"pytorch:{MODELS}:make_nchw"
+    result = onnx_bisect.bisect(path, ref=ref, target="cpu", inputs={"x": image})
+    cause = result.root_cause
+    assert cause is not None and cause.kind is CauseKind.PREPROCESSING
+    assert cause.nodes == ("/conv/Conv",)
+    assert result.torch is not None
+    layout, scale = result.torch.preprocessing
+    assert layout == (
+        "preprocessing: layout: the ONNX model takes x as (1, 8, 8, 3) (NHWC; the module's "
+        "NCHW), the module as (1, 3, 8, 8): the module was fed it transposed"
+    )
+    assert scale == (
+        "preprocessing: scale: x is fed up to 254.289 (0–255), the module's example inputs up "
+        "to 0.994619 (0–1 or normalized): the ONNX model is fed values the module was not "
+        "made for"
+    )
+    assert cause.reason.startswith(
+        "module conv (Conv2d): fed the module's own inputs, its ONNX nodes agree with torch; "
+        "the ONNX model's inputs differ from the module's: layout: the ONNX model takes x as"
+    )
+
+
+def test_an_input_of_another_dtype_is_named() -> None:
+    from onnx_bisect.engine.torchref.faults import preprocessing
+
+    image = np.zeros((1, 3, 4, 4), np.uint8)
+    said = preprocessing(["x"], {"x": image}, [np.zeros((1, 3, 4, 4), np.float32)]).said
+    assert said == ("preprocessing: dtype: the ONNX model takes x as uint8, the module float32",)

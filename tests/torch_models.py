@@ -113,3 +113,55 @@ def make64() -> nn.Module:
     export."""
     model, _ = make()
     return model.double()
+
+
+def make_retrained() -> nn.Module:
+    """``make()``'s model whose second block's fc weights changed after its export (trained
+    on): the export holds the weights captured at export time."""
+    model, _ = make()
+    block = model.blocks[1]
+    assert isinstance(block, Block)
+    with torch.no_grad():
+        block.fc.weight.mul_(1.1)
+    return model
+
+
+class Nhwc(nn.Module):
+    """A convolution on NCHW images whose export takes NHWC 0–255 images: the export's
+    wrapper transposes and scales, the module does not."""
+
+    def __init__(s) -> None:
+        super().__init__()
+        s.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(s, x: torch.Tensor) -> torch.Tensor:
+        return s.conv(x)
+
+
+def make_nchw() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The module with its example input: a normalized NCHW image."""
+    torch.manual_seed(0)
+    return Nhwc(), (torch.rand(1, 3, 8, 8),)
+
+
+def export_nhwc(path: Path) -> Path:
+    """``make_nchw()``'s convolution exported behind a wrapper that takes NHWC 0–255 images
+    (transposed and scaled to 0–1 in the graph): the ONNX inputs are not the module's."""
+
+    class Wrapper(nn.Module):
+        def __init__(s, inner: Nhwc) -> None:
+            super().__init__()
+            s.conv = inner.conv
+
+        def forward(s, x: torch.Tensor) -> torch.Tensor:
+            return s.conv(x.permute(0, 3, 1, 2) / 255)
+
+    inner, _ = make_nchw()
+    assert isinstance(inner, Nhwc)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            Wrapper(inner).eval(), (torch.rand(1, 8, 8, 3) * 255,), str(path), dynamo=False,
+            input_names=["x"],
+        )  # fmt: skip
+    return path

@@ -219,6 +219,12 @@ def step_list(result: BisectResult, folder: Path | None = None) -> list[str]:
             "above computes something else than torch (a `custom_translation_table` entry, or "
             "the exporter's own: report that to PyTorch's ONNX exporter)."
         )
+    if rc is not None and rc.kind is CauseKind.PREPROCESSING:
+        steps.append(
+            "Fix the inputs, not the model: feed the ONNX model what the module's forward "
+            "takes (the dtype, layout and scale named above), or export with the same "
+            "preprocessing."
+        )
     if rc is not None and rc.workaround:
         steps.append(f"Work around it: {code(target_arg(rc.workaround))} computes at fp32.")
     steps += [f"Work around it: {one_line(n)}." for n in result.notes if "compare at fp32" in n]

@@ -21,6 +21,7 @@ def torch_dict(d: TorchRefSummary) -> dict[str, Any]:
     return {
         "source": d.source,
         "role": d.role,
+        "preprocessing": list(d.preprocessing),
         "modules": d.modules,
         "first_divergent_module": d.first_module,
         "was_training": d.was_training,

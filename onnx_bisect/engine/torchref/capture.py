@@ -39,6 +39,7 @@ class TorchModel:
     module: Any  # torch.nn.Module; Any so that this module's types need no torch import
     source: str
     was_training: bool
+    example: tuple[Array, ...] = ()  # the factory's example inputs, as numpy
 
 
 @dataclass
@@ -91,9 +92,10 @@ def load_torch_ref(ref: object, role: str = "ref") -> TorchModel:
         raise InputError(
             f"{role}: {source} gave {type(module).__name__}, not an nn.Module", option=role
         )
+    example = _tensors(made[1]) if isinstance(made, tuple | list) and len(made) > 1 else []
     was_training = bool(module.training)
     module.eval()
-    return TorchModel(module, source, was_training)
+    return TorchModel(module, source, was_training, tuple(example))
 
 
 def precision_twin(model: TorchModel) -> TorchModel:
@@ -107,7 +109,7 @@ def precision_twin(model: TorchModel) -> TorchModel:
 
     twin = copy.deepcopy(model.module)
     twin = twin.float() if float_dtype(model.module) == torch.float64 else twin.double()
-    return TorchModel(twin.eval(), model.source, model.was_training)
+    return TorchModel(twin.eval(), model.source, model.was_training, model.example)
 
 
 def float_dtype(module: Any) -> Any:
@@ -130,8 +132,14 @@ def _import_file(path: Path, ref: str, role: str) -> Any:
     return mod
 
 
-def capture(model: TorchModel, feeds: Mapping[str, Array], onnx_inputs: Sequence[str]) -> Captured:
-    """One forward pass on ``feeds``, every named submodule's output and inputs captured."""
+def capture(
+    model: TorchModel,
+    feeds: Mapping[str, Array],
+    onnx_inputs: Sequence[str],
+    layouts: Mapping[str, tuple[int, ...]] | None = None,
+) -> Captured:
+    """One forward pass on ``feeds``, every named submodule's output and inputs captured;
+    ``layouts``: the axis order that puts an ONNX input in the module's layout."""
     import torch
 
     got = Captured()
@@ -143,7 +151,7 @@ def capture(model: TorchModel, feeds: Mapping[str, Array], onnx_inputs: Sequence
         handles.append(sub.register_forward_pre_hook(_pre_hook(name, got), with_kwargs=True))
         handles.append(sub.register_forward_hook(_hook(name, got)))
     got.modules = len(got.classes)
-    args, kwargs = _call_args(model.module, feeds, onnx_inputs)
+    args, kwargs = _call_args(model, feeds, onnx_inputs, layouts or {})
     try:
         with torch.no_grad():
             out = model.module(*args, **kwargs)
@@ -155,16 +163,31 @@ def capture(model: TorchModel, feeds: Mapping[str, Array], onnx_inputs: Sequence
 
 
 def _call_args(
-    module: Any, feeds: Mapping[str, Array], names: Sequence[str]
+    model: TorchModel,
+    feeds: Mapping[str, Array],
+    names: Sequence[str],
+    layouts: Mapping[str, tuple[int, ...]],
 ) -> tuple[list[Any], dict[str, Any]]:
     """ONNX input names <-> ``forward``'s parameter names where they all match, else by
     position (a TorchScript export names its inputs ``input.1``). Float inputs in the float
-    dtype the module computes in (a float64 module is fed the float32 inputs as float64)."""
+    dtype the module computes in (a float64 module is fed the float32 inputs as float64),
+    an input whose example is of another kind in the example's dtype, and transposed into
+    the module's layout where ``layouts`` says."""
     import torch
 
+    module = model.module
     dtype = float_dtype(module)
-    tensors = {n: torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in names}
-    tensors = {n: t.to(dtype) if t.is_floating_point() else t for n, t in tensors.items()}
+    kinds = dict(zip(names, model.example, strict=False))
+    tensors = {}
+    for n in names:
+        value = np.asarray(feeds[n])
+        if n in layouts:
+            value = value.transpose(layouts[n])
+        example = kinds.get(n)
+        if example is not None and example.dtype.kind != value.dtype.kind:
+            value = value.astype(example.dtype)
+        t = torch.from_numpy(np.ascontiguousarray(value))
+        tensors[n] = t.to(dtype) if t.is_floating_point() else t
     params = inspect.signature(module.forward).parameters
     if all(n in params for n in names):
         return [], tensors

@@ -7,7 +7,7 @@ where PyTorch is the target and the ONNX model runs on the reference)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -64,6 +64,9 @@ class Side:
     torch_is_ref: bool = True
     torch64: Array | None = None
     twin32: Array | None = None
+    # Initializers standing for a module's parameter or buffer whose value differs from the
+    # module's at run time: which one, and by how much (``faults.changed_weights``).
+    captured: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def onnx_role(self) -> str:
@@ -172,6 +175,14 @@ def module_cause(
             f"than torch in float64 (rel_l2={theirs.shown('rel_l2')}): the export's "
             "translation of it is wrong"
         )
+        read = {t for n in window.model.graph.node for t in n.input}
+        stale = [f"{t} ({side.captured[t]})" for t in side.captured if t in read]
+        if stale:
+            reason = (
+                f"{label}: its ONNX nodes read {', '.join(stale)}, captured at export time, "
+                "where the module holds other values at run time: the module changed after "
+                "its export; export it again"
+            )
         if window.training:
             reason += (
                 f"; it was exported in training mode ({'; '.join(window.training)}): "

@@ -39,6 +39,12 @@ from onnx_bisect.engine.torchref.cause import (
     module_window,
     training_ops,
 )
+from onnx_bisect.engine.torchref.faults import (
+    Changed,
+    Preprocessing,
+    changed_weights,
+    preprocessing,
+)
 from onnx_bisect.engine.torchref.mapping import (
     Mapped,
     candidates,
@@ -51,6 +57,7 @@ from onnx_bisect.errors import InputError
 from onnx_bisect.graph.extract import with_outputs
 from onnx_bisect.graph.load import load_model
 from onnx_bisect.graph.view import LoadedModel
+from onnx_bisect.graph.weights import tensor_array
 from onnx_bisect.options import BisectOptions, ModelLike
 from onnx_bisect.result import BisectResult, CauseKind, ReproInfo
 from onnx_bisect.torch_result import ModuleRecord, TorchRefSummary
@@ -108,12 +115,14 @@ def bisect_torch(
         feeds = option_feeds(loaded.model, (backend,), opts)
         torch_model = load_torch_ref(torch_given, "ref" if torch_is_ref else "target")
     module64 = _module64(torch_model, loaded)
+    pre = preprocessing(loaded.inputs, feeds, torch_model.example)
     with timer.stage("torch"):
-        got = capture(torch_model, feeds, loaded.inputs)
+        got = _capture(torch_model, feeds, loaded.inputs, pre)
         twin = None
         if opts.auto_threshold or module64:
-            twin = capture(precision_twin(torch_model), feeds, loaded.inputs)
+            twin = _capture(precision_twin(torch_model), feeds, loaded.inputs, pre)
     paths = module_paths(loaded)
+    stale = _stale(loaded, torch_model, paths)
     found = candidates(loaded, paths, list(got.outputs))
     marked = list(dict.fromkeys([*loaded.outputs, *(t for ts in found.values() for t in ts)]))
     with timer.stage(sides.onnx_role):
@@ -131,7 +140,9 @@ def bisect_torch(
     if first is not None:
         with timer.stage("root cause"):
             side = _side(torch_is_ref, got, twin if module64 else None, first.module)
+            side = dataclasses.replace(side, captured={c.initializer: c.said for c in stale})
             cause = _cause(loaded, paths, first, got, (feeds, values), sides, crit, side)
+            cause = _at_inputs(cause, pre)
         if opts.repro is not None and bundler is not None and cause.root.kind in BUNDLED:
             with timer.stage("repro"):
                 repro = bundler(_request(cause, first, got, sides, crit, torch_model, loaded))
@@ -143,12 +154,64 @@ def bisect_torch(
         first_module=first.module if first is not None else None,
         was_training=torch_model.was_training,
         role="reference" if torch_is_ref else "target",
+        preprocessing=pre.said,
     )
-    said = precision_note(opts.auto_threshold, module64, floors)
+    said = [*pre.said, *precision_note(opts.auto_threshold, module64, floors)]
+    if stale:
+        said.append(
+            f"initializers captured at export time that differ from the module's parameters "
+            f"or buffers at run time ({len(stale)}): "
+            f"{'; '.join(f'{c.initializer} ({c.said})' for c in stale[:5])}"
+        )
     if opts.repro is not None and repro is None:
         said.append("no repro bundle: no export, runtime or reference fault to show")
     notes = torch_notes(summary, cause, training_ops(loaded), said)
     return torch_result(loaded, sides, summary, outputs, (cause, repro), feeds, timer, opts, notes)
+
+
+def _capture(
+    model: TorchModel, feeds: Mapping[str, Array], names: Sequence[str], pre: Preprocessing
+) -> Captured:
+    """The module's forward pass; its failure is the user's (a module that cannot take the
+    ONNX model's inputs), said with what the inputs disagree on."""
+    try:
+        return capture(model, feeds, names, pre.layouts)
+    except Exception as exc:  # the user's module: any error it raises
+        said = "; ".join(pre.said)
+        raise InputError(
+            f"pytorch:{model.source} failed on the ONNX model's inputs: "
+            f"{type(exc).__name__}: {exc}" + (f" ({said})" if said else "")
+        ) from exc
+
+
+def _stale(loaded: LoadedModel, model: TorchModel, paths: Mapping[str, str]) -> list[Changed]:
+    """Initializers standing for the module's parameters and buffers whose values differ."""
+    state = {k: v.detach().cpu().numpy() for k, v in model.module.state_dict().items()}
+    readers = loaded.readers
+    owners = {
+        t.name: {paths[n.name] for n in readers.get(t.name, ()) if n.name in paths}
+        for t in loaded.model.graph.initializer
+    }
+    inits = {
+        t.name: tensor_array(t)
+        for t in loaded.model.graph.initializer
+        if t.name in state or len(owners[t.name]) == 1
+    }
+    return changed_weights(inits, state, owners)
+
+
+def _at_inputs(cause: Cause, pre: Preprocessing) -> Cause:
+    """No fault in the module's own nodes, where the ONNX inputs and the module's forward
+    inputs disagree: the difference comes from the inputs (``preprocessing``)."""
+    if cause.root.kind is not CauseKind.NONE or not pre.said:
+        return cause
+    said = "; ".join(s.removeprefix("preprocessing: ") for s in pre.said)
+    reason = (
+        f"{cause.root.reason.partition(':')[0]}: fed the module's own inputs, its ONNX nodes "
+        f"agree with torch; the ONNX model's inputs differ from the module's: {said}"
+    )
+    root = dataclasses.replace(cause.root, kind=CauseKind.PREPROCESSING, reason=reason)
+    return dataclasses.replace(cause, root=root)
 
 
 def _refuse(opts: BisectOptions, torch_is_ref: bool, target: Any) -> None:
