@@ -221,3 +221,33 @@ def test_an_input_of_another_dtype_is_named() -> None:
     image = np.zeros((1, 3, 4, 4), np.uint8)
     said = preprocessing(["x"], {"x": image}, [np.zeros((1, 3, 4, 4), np.float32)]).said
     assert said == ("preprocessing: dtype: the ONNX model takes x as uint8, the module float32",)
+
+
+@pytest.mark.slow
+def test_inside_a_module_of_several_ops_the_first_divergent_op_is_the_culprit(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("onnxscript")
+    path = torch_models.export_attn(tmp_path / "attn.onnx")
+    ref = f"pytorch:{MODELS}:make_attn"
+    bundle = tmp_path / "repro"
+    result = onnx_bisect.bisect(
+        path, ref=ref, target=FaultyBackend("node_softmax"), repro=str(bundle)
+    )
+    cause = result.root_cause
+    assert cause is not None and cause.kind is CauseKind.RUNTIME
+    # Hooks see only Attn's output (six ONNX nodes); its ops, from torch.export, name one.
+    assert cause.nodes == ("node_softmax",)
+    assert cause.reason.startswith("module attn (Attn), op softmax (aten.softmax.int): ")
+    summary = result.torch
+    assert summary is not None and summary.first_module == "attn"
+    assert [r.module for r in summary.ops] == [
+        "transpose", "matmul", "div", "softmax", "matmul_1", "tanh",
+    ]  # fmt: skip
+    assert (summary.ops_unmapped, summary.first_op) == (0, "softmax")
+    assert summary.lines()[-1] == (
+        "inside attn: 6 torch ops mapped (torch.export), 0 unmapped; first divergent op: "
+        "softmax (aten.softmax.int)"
+    )
+    assert result.repro is not None and result.repro.reproduces
+    assert result.repro.nodes == ("node_softmax",)

@@ -165,3 +165,34 @@ def export_nhwc(path: Path) -> Path:
             input_names=["x"],
         )  # fmt: skip
     return path
+
+
+class Attn(nn.Module):
+    """Several torch ops and no submodule: hooks see only its output."""
+
+    def forward(s, x: torch.Tensor) -> torch.Tensor:
+        weights = torch.softmax(x @ x.transpose(-1, -2) / 4.0, dim=-1)
+        return torch.tanh(weights @ x)
+
+
+class AttnNet(nn.Module):
+    def __init__(s) -> None:
+        super().__init__()
+        s.embed, s.attn, s.head = nn.Linear(8, 8), Attn(), nn.Linear(8, 4)
+
+    def forward(s, x: torch.Tensor) -> torch.Tensor:
+        return s.head(s.attn(s.embed(x)))
+
+
+def make_attn() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    return AttnNet().eval(), (torch.randn(2, 5, 8),)
+
+
+def export_attn(path: Path) -> Path:
+    """``make_attn()``'s model exported by the dynamo exporter (input ``x``)."""
+    model, example = make_attn()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, example, str(path), dynamo=True, input_names=["x"], verbose=False)
+    return path

@@ -27,6 +27,11 @@ def torch_dict(d: TorchRefSummary) -> dict[str, Any]:
         "was_training": d.was_training,
         "unmapped": list(d.unmapped),
         "mapped": [_record(r) for r in d.mapped],
+        "ops": {
+            "mapped": [_record(r) for r in d.ops],
+            "unmapped": d.ops_unmapped,
+            "first_divergent_op": d.first_op,
+        },
     }
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "PREFIX",
     "Captured",
     "TorchModel",
+    "call_args",
     "capture",
     "float_dtype",
     "is_torch_ref",
@@ -151,7 +152,7 @@ def capture(
         handles.append(sub.register_forward_pre_hook(_pre_hook(name, got), with_kwargs=True))
         handles.append(sub.register_forward_hook(_hook(name, got)))
     got.modules = len(got.classes)
-    args, kwargs = _call_args(model, feeds, onnx_inputs, layouts or {})
+    args, kwargs = call_args(model, feeds, onnx_inputs, layouts or {})
     try:
         with torch.no_grad():
             out = model.module(*args, **kwargs)
@@ -162,7 +163,7 @@ def capture(
     return got
 
 
-def _call_args(
+def call_args(
     model: TorchModel,
     feeds: Mapping[str, Array],
     names: Sequence[str],

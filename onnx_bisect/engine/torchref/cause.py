@@ -53,6 +53,8 @@ class Cause:
     target_runs: int  # of the cut nodes (the whole model's, for their feeds, not counted)
     from_torch: int  # feeds of the window that were the module's captured inputs
     window: Window | None = None  # the nodes cut out and their feeds (a repro bundle's)
+    tensor: str = ""  # the window's output, and torch's value of it (the bundle expects it)
+    expected: Array | None = None
 
 
 @dataclass(frozen=True)
@@ -188,17 +190,19 @@ def module_cause(
                 f"; it was exported in training mode ({'; '.join(window.training)}): "
                 "export the model after model.eval()"
             )
-        return Cause(RootCause(CauseKind.EXPORT, nodes, reason), theirs, None, 0, fed, window)
+        root = RootCause(CauseKind.EXPORT, nodes, reason)
+        return Cause(root, theirs, None, 0, fed, window, tensor, torch_output)
     ran = backend.run(window.model, window.feeds)[tensor]
     mine = compare_tensors(tensor, exact, np.asarray(ran, np.float64), crit)
     if mine.diverged:
         root = _kernel_off(window, tensor, label, mine, crit, side)
-        return Cause(root, theirs, mine, 1, fed, window)
+        return Cause(root, theirs, mine, 1, fed, window, tensor, torch_output)
     reason = (
         f"{label}: fed the module's own inputs, its ONNX nodes agree with torch in float64 "
         f"and on the {side.onnx_role}; the error comes from its inputs' accumulated error"
     )
-    return Cause(RootCause(CauseKind.NONE, nodes, reason), theirs, mine, 1, fed, window)
+    root = RootCause(CauseKind.NONE, nodes, reason)
+    return Cause(root, theirs, mine, 1, fed, window, tensor, torch_output)
 
 
 def _kernel_off(

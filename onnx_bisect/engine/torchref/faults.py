@@ -138,10 +138,12 @@ def changed_weights(
     for name, value in initializers.items():
         if value.dtype.kind != "f":
             continue
-        key, mine = _owned(name, value.shape, state, owners.get(name, set()))
-        if mine is None:
+        key, forms = _owned(name, value.shape, state, owners.get(name, set()))
+        if not forms:
             continue
-        err = rel_l2(mine.astype(np.float64), value.astype(np.float64))
+        # A square weight may be stored as it is or transposed: the nearer form is it.
+        exact = value.astype(np.float64)
+        err = min(rel_l2(f.astype(np.float64), exact) for f in forms)
         if err > SAME:
             found.append(Changed(name, key, err))
     return found
@@ -149,18 +151,20 @@ def changed_weights(
 
 def _owned(
     name: str, shape: tuple[int, ...], state: Mapping[str, Array], owners: set[str]
-) -> tuple[str, Array | None]:
+) -> tuple[str, list[Array]]:
+    """The parameter or buffer an initializer stands for, and its forms of that shape (as
+    it is, transposed): by name, else the one of its readers' module that fits."""
     mine = state.get(name)
     if mine is not None:
-        return name, mine if mine.shape == shape else None
+        return name, [mine] if mine.shape == shape else []
     if len(owners) != 1:
-        return name, None
+        return name, []
     (owner,) = owners
     prefix = f"{owner}." if owner else ""
     fits = [
-        (k, v if v.shape == shape else v.T)
+        (k, [f for f in (v, v.T if v.ndim == 2 else v) if f.shape == shape])
         for k, v in state.items()
         if k.startswith(prefix) and "." not in k[len(prefix) :]
-        and (v.shape == shape or (v.ndim == 2 and v.T.shape == shape))
-    ]  # fmt: skip
-    return fits[0] if len(fits) == 1 else (name, None)
+    ]
+    fits = [(k, forms) for k, forms in fits if forms]
+    return fits[0] if len(fits) == 1 else (name, [])

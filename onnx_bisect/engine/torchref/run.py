@@ -25,6 +25,7 @@ from onnx_bisect.engine.torchref.assemble import Sides, torch_notes, torch_resul
 from onnx_bisect.engine.torchref.capture import (
     Captured,
     TorchModel,
+    call_args,
     capture,
     float_dtype,
     is_torch_ref,
@@ -45,6 +46,7 @@ from onnx_bisect.engine.torchref.faults import (
     changed_weights,
     preprocessing,
 )
+from onnx_bisect.engine.torchref.fx import FxValues, Narrowed, capture_fx, fx_groups, narrow
 from onnx_bisect.engine.torchref.mapping import (
     Mapped,
     candidates,
@@ -56,7 +58,7 @@ from onnx_bisect.engine.torchref.noise import noise_criterion, noise_floors, pre
 from onnx_bisect.errors import InputError
 from onnx_bisect.graph.extract import with_outputs
 from onnx_bisect.graph.load import load_model
-from onnx_bisect.graph.view import LoadedModel
+from onnx_bisect.graph.view import LoadedModel, NodeInfo
 from onnx_bisect.graph.weights import tensor_array
 from onnx_bisect.options import BisectOptions, ModelLike
 from onnx_bisect.result import BisectResult, CauseKind, ReproInfo
@@ -136,13 +138,17 @@ def bisect_torch(
         for name, ref_out in zip(loaded.outputs, got.final, strict=False)
     )
     first = next((r for r in records if r.comparison.diverged), None)
-    cause, repro = None, None
+    cause, repro, ops = None, None, None
+    said: list[str] = []
     if first is not None:
         with timer.stage("root cause"):
             side = _side(torch_is_ref, got, twin if module64 else None, first.module)
             side = dataclasses.replace(side, captured={c.initializer: c.said for c in stale})
-            cause = _cause(loaded, paths, first, got, (feeds, values), sides, crit, side)
-            cause = _at_inputs(cause, pre)
+            job = _Job(loaded, paths, torch_model, got, pre, feeds, values, sides, crit)
+            found_cause = _cause(job, first, side)
+            cause, ops = _at_inputs(found_cause.cause, pre), found_cause.ops
+            if found_cause.note:
+                said.append(found_cause.note)
         if opts.repro is not None and bundler is not None and cause.root.kind in BUNDLED:
             with timer.stage("repro"):
                 repro = bundler(_request(cause, first, got, sides, crit, torch_model, loaded))
@@ -155,8 +161,9 @@ def bisect_torch(
         was_training=torch_model.was_training,
         role="reference" if torch_is_ref else "target",
         preprocessing=pre.said,
+        **_ops(ops, loaded),
     )
-    said = [*pre.said, *precision_note(opts.auto_threshold, module64, floors)]
+    said = [*pre.said, *precision_note(opts.auto_threshold, module64, floors), *said]
     if stale:
         said.append(
             f"initializers captured at export time that differ from the module's parameters "
@@ -288,38 +295,100 @@ def _side(torch_is_ref: bool, got: Captured, twin32: Captured | None, module: st
     return Side(torch_is_ref, got.outputs.get(module), twin32.outputs.get(module))
 
 
-def _cause(
-    loaded: LoadedModel,
-    paths: Mapping[str, str],
-    first: ModuleRecord,
-    got: Captured,
-    ran: tuple[Mapping[str, Array], Mapping[str, Array]],
-    sides: Sides,
-    crit: Criterion,
-    side: Side,
-) -> Cause:
+@dataclass(frozen=True)
+class _Job:
+    """What the root cause's search reads: the model and its module paths, the module's
+    capture, the ONNX model's feeds and first run's values, the sides, the criterion."""
+
+    loaded: LoadedModel
+    paths: Mapping[str, str]
+    torch_model: TorchModel
+    got: Captured
+    pre: Preprocessing
+    feeds: Mapping[str, Array]
+    values: Mapping[str, Array]
+    sides: Sides
+    crit: Criterion
+
+
+@dataclass(frozen=True)
+class _Found:
+    cause: Cause
+    ops: Narrowed | None = None
+    note: str = ""
+
+
+def _cause(job: _Job, first: ModuleRecord, side: Side) -> _Found:
     """The first divergent module's ONNX nodes fed its own captured inputs (tensors they read
-    from elsewhere are the ONNX backend's: ``ran`` holds the feeds and the first run's)."""
-    feeds, values = ran
+    from elsewhere are the ONNX backend's: the first run's, else one more run). Where the
+    module holds several torch ops (a dynamo export's metadata says so), the first divergent
+    op's nodes, fed that op's own inputs (``fx.narrow``)."""
+    loaded, feeds, values, backend = job.loaded, job.feeds, job.values, job.sides.backend
     fetched: list[str] = []
-    backend = sides.backend
 
     def fetch(names: Sequence[str]) -> Mapping[str, Array]:
-        # The first run's values where it marked them; one more run for the rest.
         rest = [n for n in names if n not in values]
         fetched.extend(rest)
         more = backend.run(with_outputs(loaded.model, rest), feeds) if rest else {}
         return {**{n: values[n] for n in names if n in values}, **more}
 
-    scope = scope_nodes(loaded, paths, first.module)
-    window = module_window(
-        loaded, scope, first.tensor, got.inputs.get(first.module, []), feeds, fetch
+    scope = scope_nodes(loaded, job.paths, first.module)
+    groups = fx_groups(loaded, scope)
+    ops, note = _narrow(job, groups, fetch) if len(groups) > 1 else (None, "")
+    if ops is not None and ops[1].first is not None:
+        fx, op = ops[0], ops[1].first
+        mine = [fx.values[i] for i in fx.inputs.get(op.op, []) if i in fx.values]
+        window = module_window(loaded, op.nodes, op.tensor, mine, feeds, fetch)
+        label = f"{_label(first)}, op {op.op} ({op.target})"
+        side = dataclasses.replace(side, torch64=None, twin32=None)
+        cause = module_cause(window, op.tensor, fx.values[op.op], backend, job.crit, label, side)
+    else:
+        inputs = job.got.inputs.get(first.module, [])
+        window = module_window(loaded, scope, first.tensor, inputs, feeds, fetch)
+        output = job.got.outputs[first.module]
+        cause = module_cause(window, first.tensor, output, backend, job.crit, _label(first), side)
+    cause = dataclasses.replace(cause, target_runs=cause.target_runs + bool(fetched))
+    return _Found(cause, ops[1] if ops is not None else None, note)
+
+
+def _narrow(
+    job: _Job,
+    groups: Mapping[str, list[NodeInfo]],
+    fetch: Callable[[Sequence[str]], Mapping[str, Array]],
+) -> tuple[tuple[FxValues, Narrowed] | None, str]:
+    """The module's ops by ``torch.export`` and an FX interpreter, each compared; None and
+    why where the module does not export."""
+    args, kwargs = call_args(job.torch_model, job.feeds, job.loaded.inputs, job.pre.layouts)
+    try:
+        fx = capture_fx(job.torch_model.module, args, kwargs)
+    except Exception as exc:  # torch.export refuses many a module: the module level stands
+        return None, f"torch.export failed ({type(exc).__name__}); the module's nodes stand"
+    sides, crit = job.sides, job.crit
+
+    def compare(tensor: str, torch_value: Array, onnx_value: Array) -> Comparison:
+        return _compare(tensor, torch_value, onnx_value, crit, sides)
+
+    return (fx, narrow(groups, fx, fetch, compare)), ""
+
+
+def _ops(ops: Narrowed | None, loaded: LoadedModel) -> dict[str, Any]:
+    """TorchRefSummary's fields of the ops inside the first divergent module."""
+    if ops is None:
+        return {}
+    records = tuple(
+        ModuleRecord(
+            module=o.op,
+            class_name=o.target,
+            tensor=o.tensor,
+            node=loaded.producer[o.tensor].name,
+            op_type=loaded.producer[o.tensor].op_type,
+            index=loaded.producer[o.tensor].index,
+            comparison=o.comparison,
+        )
+        for o in ops.mapped
     )
-    label = _label(first)
-    cause = module_cause(
-        window, first.tensor, got.outputs[first.module], backend, crit, label, side
-    )
-    return dataclasses.replace(cause, target_runs=cause.target_runs + bool(fetched))
+    first = ops.first.op if ops.first is not None else None
+    return {"ops": records, "ops_unmapped": ops.unmapped, "first_op": first}
 
 
 def _label(first: ModuleRecord) -> str:
@@ -343,12 +412,12 @@ def _request(
         spec = given.text
     return BundleRequest(
         window=cause.window,
-        tensor=first.tensor,
-        expected=got.outputs[first.module],
+        tensor=cause.tensor or first.tensor,
+        expected=cause.expected if cause.expected is not None else got.outputs[first.module],
         backend=sides.backend,
         spec=spec,
         crit=crit,
-        label=_label(first),
+        label=cause.root.reason.partition(": ")[0],
         source=f"pytorch:{torch_model.source}",
         nodes_before=len(loaded.nodes),
     )
