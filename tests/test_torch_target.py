@@ -60,6 +60,8 @@ def test_a_module_changed_after_its_export_is_an_export_mismatch_as_the_target(
     # The bundle: the GELU fed the SiLU's captured input, expecting its output, on cpu.
     assert report["repro"]["reproduces"] is True
     assert report["repro"]["nodes"] == ["/blocks.1/act/Gelu"]
+    # The bundle runs cpu already: no other runtime to contrast with.
+    assert "for contrast" not in (out / "repro" / "README.md").read_text()
 
 
 def test_a_wrong_kernel_on_the_reference_is_the_reference_off(script: Path) -> None:
@@ -170,6 +172,10 @@ def test_the_culprit_modules_bundle_reproduces_in_a_fresh_process(
         cwd=bundle, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert right.returncode == 0, right.stdout + right.stderr
+    # Beside the module's recorded outputs, ONNX Runtime is the contrast the docs offer.
+    readme = (bundle / "README.md").read_text()
+    assert "python repro.py --target 'cpu'   # ONNX Runtime, for contrast" in readme
+    assert "`--target 'cpu'` runs ONNX Runtime for contrast" in (out / "report.md").read_text()
 
 
 def test_weights_changed_after_the_export_were_captured_at_export_time(script: Path) -> None:
