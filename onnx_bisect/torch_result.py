@@ -57,7 +57,8 @@ class TorchRefSummary:
         """What the terminal and report.md say of the PyTorch side, a line each."""
         out = [
             f"{plural(self.modules, 'module')} of {self.source} hooked: "
-            f"{len(self.mapped)} mapped to ONNX tensors, {len(self.unmapped)} unmapped (skipped)"
+            f"{sum(1 for m in self.mapped if m.module)} mapped to ONNX tensors, "
+            f"{len(self.unmapped)} unmapped (skipped)"
         ]
         first = self.first
         if first is not None:

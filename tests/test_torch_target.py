@@ -257,3 +257,23 @@ def test_inside_a_module_of_several_ops_the_first_divergent_op_is_the_culprit(
     )
     assert result.repro is not None and result.repro.reproduces
     assert result.repro.nodes == ("node_softmax",)
+
+
+def test_a_python_value_baked_in_at_export_time_is_named(tmp_path: Path) -> None:
+    example = torch.full((2, 8), 0.5)
+    example[0, 0] = 4.0
+    path = torch_models.export_scaled(tmp_path / "scaled.onnx", example)
+    x = np.linspace(-1.25, 1.0, 16, dtype=np.float32).reshape(2, 8)
+    result = onnx_bisect.bisect(
+        path, ref=f"pytorch:{MODELS}:make_scaled", target="cpu", inputs={"x": x}
+    )
+    cause = result.root_cause
+    assert cause is not None and cause.kind is CauseKind.EXPORT
+    # No submodule holds the division: the top module's own nodes, its output the model's.
+    assert cause.nodes == ("/fc/Gemm", "/Constant", "/Div")
+    assert cause.reason == (
+        "module (top): the constant /Constant = 4 was captured at export time: with 1.25 in "
+        "its place, its nodes compute what the module computes at run time (a Python value, "
+        "input- or shape-dependent, baked into the export)"
+    )
+    assert result.torch is not None and result.torch.first_module == ""

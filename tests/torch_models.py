@@ -196,3 +196,28 @@ def export_attn(path: Path) -> Path:
         warnings.simplefilter("ignore")
         torch.onnx.export(model, example, str(path), dynamo=True, input_names=["x"], verbose=False)
     return path
+
+
+class Scaled(nn.Module):
+    """Divides by a Python float computed from the input: traced, the export bakes in the
+    example input's value."""
+
+    def __init__(s) -> None:
+        super().__init__()
+        s.fc = nn.Linear(8, 4)
+
+    def forward(s, x: torch.Tensor) -> torch.Tensor:
+        return s.fc(x) / float(x.abs().max())
+
+
+def make_scaled() -> nn.Module:
+    torch.manual_seed(0)
+    return Scaled().eval()
+
+
+def export_scaled(path: Path, example: torch.Tensor) -> Path:
+    """``make_scaled()`` traced by the TorchScript exporter on ``example``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(make_scaled(), (example,), str(path), dynamo=False, input_names=["x"])
+    return path

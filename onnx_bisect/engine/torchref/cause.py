@@ -24,7 +24,19 @@ from onnx_bisect.graph.extract import window_model
 from onnx_bisect.graph.view import LoadedModel, NodeInfo, TensorMeta
 from onnx_bisect.result import CauseKind, RootCause
 
-__all__ = ["Cause", "Side", "Window", "module_cause", "module_window", "training_ops"]
+__all__ = [
+    "Cause",
+    "Side",
+    "Window",
+    "baked_constant",
+    "module_cause",
+    "module_window",
+    "training_ops",
+]
+
+# Scalar constants of a window tried as values baked in at export time (each costs up to four
+# float64 runs of the window).
+BAKED_TRIES = 2
 
 Array = npt.NDArray[Any]
 # The target's values of tensors, by name: a run of the whole model marking them.
@@ -185,6 +197,9 @@ def module_cause(
                 "where the module holds other values at run time: the module changed after "
                 "its export; export it again"
             )
+        baked = baked_constant(window, tensor, torch_output, crit) if not stale else ""
+        if baked:
+            reason = f"{label}: {baked}"
         if window.training:
             reason += (
                 f"; it was exported in training mode ({'; '.join(window.training)}): "
@@ -231,3 +246,89 @@ def _kernel_off(
         "kernel is off"
     )
     return RootCause(kind, window.nodes, reason)
+
+
+def baked_constant(window: Window, tensor: str, torch_output: Array, crit: Criterion) -> str:
+    """A scalar float constant of the window (a Constant node, an initializer, or a feed
+    computed outside it) that, given another value, makes the window compute the module's
+    output: a Python value captured at export time (``float(x.max())``, a size) that the
+    module computes anew at run time. The value is fitted as a factor (the constant scales the
+    output, or divides it) or as an offset, and each fit checked by one float64 run; "" where
+    none does."""
+    oracle = create_backend(ORACLE)
+    want = np.asarray(torch_output, np.float64)
+    now = np.asarray(oracle.run(window.model, window.feeds)[tensor], np.float64)
+    if now.shape != want.shape or not np.any(now):
+        return ""
+    scale = float(np.vdot(want, now) / np.vdot(now, now))
+    shift = float(np.mean(want - now))
+    for name, value, put in _scalars(window)[:BAKED_TRIES]:
+        c = float(value.reshape(()))
+        tries = [c * scale, c / scale if scale else c, c + shift, c - shift]
+        for v in tries:
+            if not np.isfinite(v) or np.isclose(v, c):
+                continue
+            model, feeds = put(np.asarray(v, value.dtype).reshape(value.shape))
+            got = np.asarray(oracle.run(model, feeds)[tensor], np.float64)
+            if not compare_tensors(tensor, want, got, crit).diverged:
+                return (
+                    f"the constant {name} = {c:.6g} was captured at export time: with "
+                    f"{v:.6g} in its place, its nodes compute what the module computes at run "
+                    "time (a Python value, input- or shape-dependent, baked into the export)"
+                )
+    return ""
+
+
+Put = Callable[[Array], tuple[onnx.ModelProto, dict[str, Array]]]
+
+
+def _scalars(window: Window) -> list[tuple[str, Array, Put]]:
+    """The window's scalar float constants, each with a way to put another value in."""
+    found: list[tuple[str, Array, Put]] = []
+    model = window.model
+    for i, node in enumerate(model.graph.node):
+        attrs = {a.name: a for a in node.attribute}
+        if node.op_type == "Constant" and "value" in attrs:
+            value = numpy_helper.to_array(attrs["value"].t)
+            if value.size == 1 and value.dtype.kind == "f":
+                found.append((node.name or node.output[0], value, _put_node(window, i)))
+    for j, init in enumerate(model.graph.initializer):
+        value = numpy_helper.to_array(init)
+        if value.size == 1 and value.dtype.kind == "f":
+            found.append((init.name, value, _put_init(window, j)))
+    for name, value in window.feeds.items():
+        value = np.asarray(value)
+        if value.size == 1 and value.dtype.kind == "f":
+            found.append((name, value, _put_feed(window, name)))
+    return found
+
+
+def _put_node(window: Window, i: int) -> Put:
+    def put(v: Array) -> tuple[onnx.ModelProto, dict[str, Array]]:
+        model = onnx.ModelProto()
+        model.CopyFrom(window.model)
+        node = model.graph.node[i]
+        for a in node.attribute:
+            if a.name == "value":
+                a.t.CopyFrom(numpy_helper.from_array(v, a.t.name))
+        return model, dict(window.feeds)
+
+    return put
+
+
+def _put_init(window: Window, j: int) -> Put:
+    def put(v: Array) -> tuple[onnx.ModelProto, dict[str, Array]]:
+        model = onnx.ModelProto()
+        model.CopyFrom(window.model)
+        init = model.graph.initializer[j]
+        init.CopyFrom(numpy_helper.from_array(v, init.name))
+        return model, dict(window.feeds)
+
+    return put
+
+
+def _put_feed(window: Window, name: str) -> Put:
+    def put(v: Array) -> tuple[onnx.ModelProto, dict[str, Array]]:
+        return window.model, {**window.feeds, name: v}
+
+    return put
