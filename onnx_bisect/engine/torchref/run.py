@@ -170,7 +170,7 @@ def bisect_torch(
             f"or buffers at run time ({len(stale)}): "
             f"{'; '.join(f'{c.initializer} ({c.said})' for c in stale[:5])}"
         )
-    if opts.repro is not None and repro is None:
+    if opts.repro is not None and repro is None and cause is not None:
         said.append("no repro bundle: no export, runtime or reference fault to show")
     notes = torch_notes(summary, cause, training_ops(loaded), said)
     return torch_result(loaded, sides, summary, outputs, (cause, repro), feeds, timer, opts, notes)
