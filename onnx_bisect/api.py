@@ -33,6 +33,7 @@ from onnx_bisect.errors import InputError
 from onnx_bisect.options import DEFAULT_SAMPLE, BisectOptions, ModelLike
 from onnx_bisect.report.files import write_bundle_docs
 from onnx_bisect.repro.bundle import BundleJob, write_repro
+from onnx_bisect.repro.torchref import torch_repro
 from onnx_bisect.result import BisectResult, CauseKind, ReproInfo
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ __all__ = ["BackendLike", "bisect"]
 def bisect(
     model: ModelLike,
     *,
-    target: BackendLike,
+    target: BackendLike | Module,
     ref: BackendLike | Module = "cpu",
     options: BisectOptions | None = None,
     progress: Progress | None = None,
@@ -104,7 +105,10 @@ def bisect(
     tensor that stands for it (``graph.source``'s module paths) on the target, and the first
     divergent module's nodes are fed its own inputs in float64: kind ``export`` (the
     translation is wrong) or ``runtime`` (the target's kernel); ``result.torch`` holds the
-    modules.
+    modules. ``target`` may be PyTorch instead: the module under test against the ONNX model
+    on ``ref`` (kind ``reference`` where ``ref``'s kernel is the one off). ``threshold="auto"``
+    takes each tensor's fp32 noise from the module run in float64; ``repro`` writes the
+    culprit module's ONNX nodes fed its captured inputs, expecting its output.
 
     ``progress`` hears each phase start and end and each backend run as it happens (the CLI
     shows it on a terminal); every phase is logged at INFO with its time and runs either way.
@@ -114,9 +118,14 @@ def bisect(
     """
     opts = _options(options, overrides)  # bad values fail here, before any work
     timer = StageTimer(progress=progress or NoProgress())
-    if is_torch_ref(ref):
-        return bisect_torch(model, ref, target, opts, timer)
-    ref = cast(BackendLike, ref)
+    if is_torch_ref(ref) or is_torch_ref(target):
+        bundler = None
+        if opts.repro is not None:
+            bundler = functools.partial(torch_repro, out_dir=Path(opts.repro))
+        result = bisect_torch(model, ref, target, opts, timer, bundler)
+        write_bundle_docs(result)
+        return result
+    ref, target = cast(BackendLike, ref), cast(BackendLike, target)
     if opts.dataset is not None:
         return _bisect_dataset(model, ref, target, opts, timer)
     if opts.steps is not None:

@@ -91,7 +91,9 @@ class CauseKind(StrEnum):
     (a missing kernel or conversion); ``error``: the target reports another error whenever the
     node is present; ``export`` (a PyTorch reference): a module's ONNX nodes, fed its own inputs,
     compute something else in float64; ``runtime``: they agree in float64, the target is off;
-    ``none``: none of these could be shown."""
+    ``preprocessing`` (a PyTorch side): those nodes agree, and the ONNX model's inputs differ
+    from the module's forward inputs (dtype, layout, scale); ``none``: none of these could be
+    shown."""
 
     CULPRIT = "culprit"
     RANGE = "range"
@@ -105,6 +107,7 @@ class CauseKind(StrEnum):
     ERROR = "error"
     EXPORT = "export"
     RUNTIME = "runtime"
+    PREPROCESSING = "preprocessing"
     NONE = "none"
 
 

@@ -39,6 +39,15 @@ class TorchRefSummary:
     unmapped: tuple[str, ...]
     first_module: str | None
     was_training: bool = False
+    role: str = "reference"  # what PyTorch is: the reference, or the target under test
+    # The ONNX inputs against the module's example inputs: dtype, layout, scale, a line each.
+    preprocessing: tuple[str, ...] = ()
+    # Inside the first divergent module, where it holds several torch ops (a dynamo export's
+    # fx_node metadata, values from torch.export): each op mapped (``module`` its FX name,
+    # ``class_name`` its target), how many were not, and the first divergent op.
+    ops: tuple[ModuleRecord, ...] = ()
+    ops_unmapped: int = 0
+    first_op: str | None = None
 
     @property
     def first(self) -> ModuleRecord | None:
@@ -48,7 +57,8 @@ class TorchRefSummary:
         """What the terminal and report.md say of the PyTorch side, a line each."""
         out = [
             f"{plural(self.modules, 'module')} of {self.source} hooked: "
-            f"{len(self.mapped)} mapped to ONNX tensors, {len(self.unmapped)} unmapped (skipped)"
+            f"{sum(1 for m in self.mapped if m.module)} mapped to ONNX tensors, "
+            f"{len(self.unmapped)} unmapped (skipped)"
         ]
         first = self.first
         if first is not None:
@@ -59,4 +69,11 @@ class TorchRefSummary:
             )
         elif self.mapped:
             out.append("every mapped module's output agrees with torch")
+        if self.ops or self.ops_unmapped:
+            op = next((r for r in self.ops if r.module == self.first_op), None)
+            said = f"first divergent op: {op.module} ({op.class_name})" if op else "none diverges"
+            out.append(
+                f"inside {self.first_module or '(top)'}: {plural(len(self.ops), 'torch op')} "
+                f"mapped (torch.export), {self.ops_unmapped} unmapped; {said}"
+            )
         return out

@@ -70,6 +70,10 @@ def test_a_wrong_translation_is_an_export_fault_of_the_first_gelu_module(
     md = (out / "report.md").read_text()
     assert f"module blocks.0.act (GELU) at {MODELS}:{line}" in md
     assert "export" in md
+    # The bundle: the GELU's three nodes fed the module's captured input, expecting its
+    # output; any runtime computes the wrong translation, so cpu reproduces it.
+    repro = report["repro"]
+    assert (repro["nodes"], repro["reproduces"]) == (GELU_NODES, True)
 
 
 @pytest.mark.slow

@@ -180,8 +180,9 @@ TargetOpt = Annotated[
         "--target",
         "-t",
         metavar="SPEC",
-        help="The backend under test: e.g. openvino, 'openvino?precision=f32', "
-        "'torch:cpu?dtype=bfloat16', 'exec:{python} rt.py {model} {inputs} {outputs}'. "
+        help="Under test: e.g. openvino, 'openvino?precision=f32', "
+        "'torch:cpu?dtype=bfloat16', 'exec:{python} rt.py {model} {inputs} {outputs}', "
+        "pytorch:FILE.py:FACTORY. "
         "`onnx-bisect backends` lists those that work here.",
         rich_help_panel=COMPARE,
     ),

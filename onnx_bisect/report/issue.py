@@ -10,6 +10,7 @@ from onnx_bisect.report.format import fenced, plural
 from onnx_bisect.report.markdown import around, render_table
 from onnx_bisect.report.mermaid import mermaid_lines
 from onnx_bisect.report.runtime import env_assignments, runtime_name
+from onnx_bisect.report.torchref import contrast_spec
 from onnx_bisect.result import CauseKind, nonfinite_origin, nonfinite_phrase
 
 if TYPE_CHECKING:
@@ -90,15 +91,17 @@ def render_bundle_readme(result: BisectResult) -> str:
     r = result.repro
     lines = [f"# Repro: {_headline(result)}", ""]
     lines += _bundle_lines(result)
+    other = contrast_spec(result.ref.spec, result.target.spec, result.torch)
+    runs = [("python repro.py", "exit 1: reproduces, exit 0: does not")]
+    if other is not None:
+        said = "the reference" if result.torch is None else "ONNX Runtime"
+        runs.append((f"python repro.py {target_arg(other)}", f"{said}, for contrast"))
     lines += [
         "",
         "## Run it",
         "",
         "```bash",
-        *_commented(
-            ("python repro.py", "exit 1: reproduces, exit 0: does not"),
-            (f"python repro.py {target_arg(result.ref.spec)}", "the reference, for contrast"),
-        ),
+        *_commented(*runs),
         "```",
         "",
         "Files: `model.onnx` (the subgraph, original node names; its weights in `model.onnx.data`",

@@ -25,7 +25,7 @@ from onnx_bisect.report.mermaid import focus_node, mermaid_lines
 from onnx_bisect.report.passes import pass_markdown, workaround_step
 from onnx_bisect.report.quant import keep_fp32_markdown, quant_markdown
 from onnx_bisect.report.steps import steps_markdown
-from onnx_bisect.report.torchref import torch_markdown
+from onnx_bisect.report.torchref import contrast_spec, torch_markdown
 from onnx_bisect.result import (
     CauseKind,
     agreement,
@@ -185,6 +185,11 @@ def _title(result: BisectResult) -> str:
     return f"# onnx-bisect: {code(result.target.spec)} vs {code(result.ref.spec)}"
 
 
+def _contrast(result: BisectResult) -> str:
+    """Who ``contrast_spec`` names: the reference, or ONNX Runtime beside a PyTorch side."""
+    return "the reference" if result.torch is None else "ONNX Runtime"
+
+
 def next_steps(result: BisectResult, folder: Path | None = None) -> list[str]:
     """The "Next steps" section of report.md (see ``step_list``)."""
     steps = step_list(result, folder)
@@ -202,9 +207,13 @@ def step_list(result: BisectResult, folder: Path | None = None) -> list[str]:
     steps: list[str] = []
     r = result.repro
     if r is not None:
+        other = contrast_spec(result.ref.spec, result.target.spec, result.torch)
+        also = ""
+        if other is not None:
+            also = f"; {code(target_arg(other))} runs {_contrast(result)} for contrast"
         steps.append(
             f"Reproduce it: {code(f'cd {shell(r.path)} && python repro.py')} (exit 1 while it "
-            f"reproduces; {code(target_arg(result.ref.spec))} runs the reference for contrast)."
+            f"reproduces{also})."
         )
         steps.append(
             f"Report it: {code(Path(r.path) / 'issue.md')} is the issue body; attach the "
@@ -219,6 +228,12 @@ def step_list(result: BisectResult, folder: Path | None = None) -> list[str]:
             "Fix the export, not the runtime: the exporter's translation of the module named "
             "above computes something else than torch (a `custom_translation_table` entry, or "
             "the exporter's own: report that to PyTorch's ONNX exporter)."
+        )
+    if rc is not None and rc.kind is CauseKind.PREPROCESSING:
+        steps.append(
+            "Fix the inputs, not the model: feed the ONNX model what the module's forward "
+            "takes (the dtype, layout and scale named above), or export with the same "
+            "preprocessing."
         )
     if rc is not None and rc.workaround:
         steps.append(f"Work around it: {code(target_arg(rc.workaround))} computes at fp32.")

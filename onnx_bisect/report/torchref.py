@@ -10,21 +10,38 @@ from onnx_bisect.report.escape import cell
 from onnx_bisect.text import fmt
 from onnx_bisect.torch_result import ModuleRecord, TorchRefSummary
 
-__all__ = ["torch_dict", "torch_markdown"]
+__all__ = ["contrast_spec", "torch_dict", "torch_markdown"]
 
 # Modules shown in report.md around the first divergent one (report.json has every one).
 AROUND = 5
+
+
+def contrast_spec(ref: str, target: str, torch: TorchRefSummary | None) -> str | None:
+    """What a bundle's ``repro.py --target`` runs for contrast: the reference; with PyTorch on
+    one side (the bundle's recorded outputs are the module's), ONNX Runtime's CPU unless it is
+    the backend the bundle runs already, else nothing."""
+    if torch is None:
+        return ref
+    backend = target if torch.role == "reference" else ref
+    return None if backend == "cpu" else "cpu"
 
 
 def torch_dict(d: TorchRefSummary) -> dict[str, Any]:
     """report.json's ``torch``."""
     return {
         "source": d.source,
+        "role": d.role,
+        "preprocessing": list(d.preprocessing),
         "modules": d.modules,
         "first_divergent_module": d.first_module,
         "was_training": d.was_training,
         "unmapped": list(d.unmapped),
         "mapped": [_record(r) for r in d.mapped],
+        "ops": {
+            "mapped": [_record(r) for r in d.ops],
+            "unmapped": d.ops_unmapped,
+            "first_divergent_op": d.first_op,
+        },
     }
 
 

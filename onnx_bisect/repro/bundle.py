@@ -46,7 +46,15 @@ from onnx_bisect.repro.verify import (
 from onnx_bisect.result import ReproInfo
 from onnx_bisect.text import plural
 
-__all__ = ["BUNDLE_FILES", "BundleJob", "build_bundle", "write_repro"]
+__all__ = [
+    "BUNDLE_FILES",
+    "DATA_DIR",
+    "BundleJob",
+    "build_bundle",
+    "finish_model",
+    "write_files",
+    "write_repro",
+]
 
 # The test case's tensors, as ONNX backend tests lay them out.
 DATA_DIR = "test_data_set_0"
@@ -209,7 +217,7 @@ def _search(
         built = _build(job, cand, None) if check_only else _reproduce(job, cand)
         if built is None:
             continue
-        _write(out_dir, built, script)
+        write_files(out_dir, built, script)
         ok, tail, verify_in_process = _check(
             job, out_dir, in_process=verify_in_process, compiled=compiled
         )
@@ -373,7 +381,7 @@ def _build(job: BundleJob, cand: Candidate, outputs: Sequence[str] | None) -> Fe
         if outputs is None and job.unmarked:
             outputs = _unmarked(job, window_exits(loaded, cand.nodes))
         fed = reference_window(loaded, store, feeds, cand.nodes, outputs)
-        return Fed(_finish(fed.model), fed.inputs, fed.outputs)
+        return Fed(finish_model(fed.model), fed.inputs, fed.outputs)
     live = _unmarked(job, live_tensors(loaded, len(cand.nodes))) if job.unmarked else None
     model = prefix_model(loaded, len(cand.nodes), store.metas, live)
     if outputs is not None:
@@ -382,7 +390,7 @@ def _build(job: BundleJob, cand: Candidate, outputs: Sequence[str] | None) -> Fe
     inputs = {k: np.asarray(v) for k, v in feeds.items() if k in used}
     names = [o.name for o in model.graph.output]
     refs = {t: np.asarray(store.get(t)) for t in names if t in store}
-    return Fed(_finish(model), inputs, refs)
+    return Fed(finish_model(model), inputs, refs)
 
 
 def _unmarked(job: BundleJob, names: Sequence[str]) -> list[str] | None:
@@ -401,7 +409,7 @@ def _keep_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelPro
     return out
 
 
-def _finish(model: onnx.ModelProto) -> onnx.ModelProto:
+def finish_model(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shape-inferred, with a descriptive graph name, and valid under the full checker."""
     model.graph.name = "onnx_bisect_repro"
     try:
@@ -411,7 +419,7 @@ def _finish(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _write(out_dir: Path, built: Fed, script: str) -> None:
+def write_files(out_dir: Path, built: Fed, script: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     # The weights it uses are copied in (a bundle travels without the model), into
     # model.onnx.data when the model's were external or do not fit one message.

@@ -16,7 +16,17 @@ import numpy.typing as npt
 
 from onnx_bisect.errors import InputError
 
-__all__ = ["PREFIX", "Captured", "TorchModel", "capture", "is_torch_ref", "load_torch_ref"]
+__all__ = [
+    "PREFIX",
+    "Captured",
+    "TorchModel",
+    "call_args",
+    "capture",
+    "float_dtype",
+    "is_torch_ref",
+    "load_torch_ref",
+    "precision_twin",
+]
 
 PREFIX = "pytorch:"
 Array = npt.NDArray[Any]
@@ -30,6 +40,7 @@ class TorchModel:
     module: Any  # torch.nn.Module; Any so that this module's types need no torch import
     source: str
     was_training: bool
+    example: tuple[Array, ...] = ()  # the factory's example inputs, as numpy
 
 
 @dataclass
@@ -60,9 +71,10 @@ def _torch_nn_if_loaded() -> Any:
     return getattr(torch, "nn", None) if torch is not None else None
 
 
-def load_torch_ref(ref: object) -> TorchModel:
+def load_torch_ref(ref: object, role: str = "ref") -> TorchModel:
     """The module ``ref`` names, in eval mode. ``pytorch:FILE.py:FACTORY``: ``FACTORY()`` in
-    ``FILE.py`` returns an ``nn.Module`` or ``(module, example_inputs)``."""
+    ``FILE.py`` returns an ``nn.Module`` or ``(module, example_inputs)``. ``role``: the option
+    that named it (``ref`` or ``target``), for errors."""
     import torch
 
     source = type(ref).__name__
@@ -70,35 +82,65 @@ def load_torch_ref(ref: object) -> TorchModel:
     if isinstance(ref, str):
         path, _, name = ref.removeprefix(PREFIX).rpartition(":")
         if not path or not name:
-            raise InputError(f"ref {ref}: expected pytorch:FILE.py:FACTORY", option="ref")
-        made = getattr(_import_file(Path(path), ref), name, None)
+            raise InputError(f"{role} {ref}: expected pytorch:FILE.py:FACTORY", option=role)
+        made = getattr(_import_file(Path(path), ref, role), name, None)
         if made is None:
-            raise InputError(f"ref {ref}: {path} has no {name}", option="ref")
+            raise InputError(f"{role} {ref}: {path} has no {name}", option=role)
         made = made()
         source = f"{Path(path).name}:{name}"
     module = made[0] if isinstance(made, tuple | list) else made
     if not isinstance(module, torch.nn.Module):
         raise InputError(
-            f"ref: {source} gave {type(module).__name__}, not an nn.Module", option="ref"
+            f"{role}: {source} gave {type(module).__name__}, not an nn.Module", option=role
         )
+    example = _tensors(made[1]) if isinstance(made, tuple | list) and len(made) > 1 else []
     was_training = bool(module.training)
     module.eval()
-    return TorchModel(module, source, was_training)
+    return TorchModel(module, source, was_training, tuple(example))
 
 
-def _import_file(path: Path, ref: str) -> Any:
+def precision_twin(model: TorchModel) -> TorchModel:
+    """A deep copy of the module in the other float precision: float64 for a float32 module
+    (its float64 run gives each output's fp32 noise, as the float64 oracle does for two
+    backends), float32 for a float64 one (the precision an ONNX model in float32 computes
+    in). The module itself is left as it is."""
+    import copy
+
+    import torch
+
+    twin = copy.deepcopy(model.module)
+    twin = twin.float() if float_dtype(model.module) == torch.float64 else twin.double()
+    return TorchModel(twin.eval(), model.source, model.was_training, model.example)
+
+
+def float_dtype(module: Any) -> Any:
+    """The dtype the module computes floats in: its first float parameter's or buffer's
+    (float32 for a module with none)."""
+    import torch
+
+    tensors = [*module.parameters(), *module.buffers()]
+    return next((t.dtype for t in tensors if t.is_floating_point()), torch.float32)
+
+
+def _import_file(path: Path, ref: str, role: str) -> Any:
     if not path.is_file():
-        raise InputError(f"ref {ref}: no such file {path}", option="ref")
+        raise InputError(f"{role} {ref}: no such file {path}", option=role)
     spec = importlib.util.spec_from_file_location(f"onnx_bisect_ref_{path.stem}", path)
     if spec is None or spec.loader is None:
-        raise InputError(f"ref {ref}: cannot import {path}", option="ref")
+        raise InputError(f"{role} {ref}: cannot import {path}", option=role)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-def capture(model: TorchModel, feeds: Mapping[str, Array], onnx_inputs: Sequence[str]) -> Captured:
-    """One forward pass on ``feeds``, every named submodule's output and inputs captured."""
+def capture(
+    model: TorchModel,
+    feeds: Mapping[str, Array],
+    onnx_inputs: Sequence[str],
+    layouts: Mapping[str, tuple[int, ...]] | None = None,
+) -> Captured:
+    """One forward pass on ``feeds``, every named submodule's output and inputs captured;
+    ``layouts``: the axis order that puts an ONNX input in the module's layout."""
     import torch
 
     got = Captured()
@@ -110,7 +152,7 @@ def capture(model: TorchModel, feeds: Mapping[str, Array], onnx_inputs: Sequence
         handles.append(sub.register_forward_pre_hook(_pre_hook(name, got), with_kwargs=True))
         handles.append(sub.register_forward_hook(_hook(name, got)))
     got.modules = len(got.classes)
-    args, kwargs = _call_args(model.module, feeds, onnx_inputs)
+    args, kwargs = call_args(model, feeds, onnx_inputs, layouts or {})
     try:
         with torch.no_grad():
             out = model.module(*args, **kwargs)
@@ -118,17 +160,40 @@ def capture(model: TorchModel, feeds: Mapping[str, Array], onnx_inputs: Sequence
         for h in handles:
             h.remove()
     got.final.extend(_tensors(out))
+    if got.final:
+        # The top module too (not counted as hooked): a divergence in its own forward's ops,
+        # outside every submodule, has its nodes to blame.
+        got.outputs[""] = got.final[0]
+        got.inputs[""] = _tensors((args, kwargs))
     return got
 
 
-def _call_args(
-    module: Any, feeds: Mapping[str, Array], names: Sequence[str]
+def call_args(
+    model: TorchModel,
+    feeds: Mapping[str, Array],
+    names: Sequence[str],
+    layouts: Mapping[str, tuple[int, ...]],
 ) -> tuple[list[Any], dict[str, Any]]:
     """ONNX input names <-> ``forward``'s parameter names where they all match, else by
-    position (a TorchScript export names its inputs ``input.1``)."""
+    position (a TorchScript export names its inputs ``input.1``). Float inputs in the float
+    dtype the module computes in (a float64 module is fed the float32 inputs as float64),
+    an input whose example is of another kind in the example's dtype, and transposed into
+    the module's layout where ``layouts`` says."""
     import torch
 
-    tensors = {n: torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in names}
+    module = model.module
+    dtype = float_dtype(module)
+    kinds = dict(zip(names, model.example, strict=False))
+    tensors = {}
+    for n in names:
+        value = np.asarray(feeds[n])
+        if n in layouts:
+            value = value.transpose(layouts[n])
+        example = kinds.get(n)
+        if example is not None and example.dtype.kind != value.dtype.kind:
+            value = value.astype(example.dtype)
+        t = torch.from_numpy(np.ascontiguousarray(value))
+        tensors[n] = t.to(dtype) if t.is_floating_point() else t
     params = inspect.signature(module.forward).parameters
     if all(n in params for n in names):
         return [], tensors

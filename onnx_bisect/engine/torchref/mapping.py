@@ -54,8 +54,9 @@ def scopes(loaded: LoadedModel, paths: Mapping[str, str]) -> dict[str, list[Node
 
 
 def scope_nodes(loaded: LoadedModel, paths: Mapping[str, str], module: str) -> list[NodeInfo]:
-    """The nodes whose module path is ``module`` or under it, in topological order."""
-    return scopes(loaded, paths).get(module, [])
+    """The nodes whose module path is ``module`` or under it, in topological order; the top
+    module's are every node (a node with no module path is the top module's own)."""
+    return list(loaded.nodes) if not module else scopes(loaded, paths).get(module, [])
 
 
 def candidates(
@@ -65,6 +66,9 @@ def candidates(
     by_scope = scopes(loaded, paths)
     out: dict[str, list[str]] = {}
     for m in modules:
+        if not m:  # the top module: its first output is the model's
+            out[m] = list(loaded.outputs[:1])
+            continue
         nodes = by_scope.get(m, [])
         tensors = [t for n in reversed(nodes[-CANDIDATES:]) for t in n.outputs if t]
         if tensors:
@@ -92,4 +96,9 @@ def map_modules(
             if v is not None and tuple(v.shape) == tuple(out.shape):
                 mapped.append(Mapped(module, t, producer[t]))
                 break
-    return sorted(mapped, key=lambda m: (m.node.index, -m.module.count("."), m.module))
+    return sorted(mapped, key=lambda m: (m.node.index, -_depth(m.module), m.module))
+
+
+def _depth(module: str) -> int:
+    """How deep a module path is: the top module ("") above every named one."""
+    return module.count(".") if module else -1
