@@ -109,3 +109,17 @@ def test_an_overflow_behind_a_fusion_is_the_root_cause_not_a_window(model: Path)
     # One run for the repair; none for the marking search, the cut search or the windows.
     assert result.stage_runs["rank"] == 1
     assert not {"marking", "bisect", "pattern"} & set(result.stage_runs)
+
+
+def test_a_marking_that_turns_the_output_nan_says_nan_not_zero() -> None:
+    """The marking note said "y moves rel_l2 0 from the plain run" where marking the fused
+    Conv's output turned y NaN (an all-NaN comparison's finite metrics are 0)."""
+    from onnx_bisect.compare.criterion import Comparison, Status
+    from onnx_bisect.engine.search.marking import Marking
+
+    nan = Comparison("y", Status.NONFINITE, 0.0, {"rel_l2": 0.0}, nonfinite="NaN", target_nan=8)
+    note = Marking("s", "se_conv", "Conv", ("se_relu",), nan, 5).note()
+    assert note.startswith(
+        "marking 's' alone changes the target's result (y moves rel_l2 NaN from the plain run; "
+        "found in 5 target runs): a fusion from Conv 'se_conv' to its readers (se_relu)"
+    ), note
