@@ -87,8 +87,9 @@ def scan_strategy(session: Session, screened: Observed) -> Found:
         nodes, first, cause = rank_suspects(session, store, nodes, first, cause)
     if first is not None and cause is not None and cause.kind is CauseKind.NONE:
         nodes, first, cause, _ = _with_pattern(session, store, nodes, first, cause, None)
-    verified = _verified_despite_marking(session, store, cause) if observer else None
-    if verified is not None and screened.diverged:
+    observed = bool(observer) and screened.diverged
+    verified = _verified_despite_marking(session, store, cause) if observed else None
+    if verified is not None:
         cause = verified  # the scan's answer, proven on the unmarked model: no cut search
     elif observer and screened.diverged and session.options.strategy == "auto":
         log.info("switching to the bisect strategy")
@@ -113,19 +114,21 @@ def _verified_despite_marking(
     it: the cut search then runs."""
     if cause is None or cause.kind not in (CauseKind.CULPRIT, CauseKind.RANGE) or not cause.nodes:
         return None
+    kept = (
+        "the scan's root cause holds on the unmarked model (fed the reference's values at "
+        f"{', '.join(cause.nodes)}, the target's outputs agree{{}}): the cut search, which the "
+        "observer effect would call for, was not needed"
+    )
+    if "(verified)" in cause.reason:  # the ranking's own repair, on the unmarked model too
+        session.notes.append(kept.format(""))
+        return cause
     with session.timer.stage("rank"):
         fixed = repaired(session, store, cause.nodes)
     if fixed is None or not fixed.shows or not fixed.agrees:
         return None
-    if "(verified)" in cause.reason:  # the ranking's own repair said so already
-        return cause
     worst = fixed.worst(session.crit)
     said = f"{worst.tensor} rel_l2 {worst.shown('rel_l2')}" if worst is not None else ""
-    session.notes.append(
-        "the scan's root cause holds on the unmarked model (fed the reference's values at "
-        f"{', '.join(cause.nodes)}, the target's outputs agree: {said}): the cut search, which "
-        "the observer effect would call for, was not needed"
-    )
+    session.notes.append(kept.format(f": {said}"))
     return replace(
         cause,
         reason=f"{cause.reason}; fed the reference's values there, the target's outputs agree "
