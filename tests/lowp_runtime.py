@@ -2,7 +2,7 @@
 """A SIMULATED lower-precision runtime for the exec: protocol (tests only).
 
     python tests/lowp_runtime.py MODEL INPUTS OUTPUTS [--precision float16|bfloat16]
-        [--flush OP|NODE=T] [--accumulate NODE] [--nudge NODE=STEPS]
+        [--flush OP|NODE=T] [--accumulate NODE] [--nudge NODE=STEPS] [--fuse-relu NODE]
 
 Each node runs alone in ONNX Runtime in float32 on operands rounded to the precision, and its
 float outputs are rounded to it: what a correct fp16/bf16 kernel that accumulates in float32
@@ -101,6 +101,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--flush", default="")
     parser.add_argument("--accumulate", default="")
     parser.add_argument("--nudge", default="")
+    parser.add_argument("--fuse-relu", default="")
     args = parser.parse_args(argv)
     model = onnx.load(args.model)
     p = args.precision
@@ -111,8 +112,14 @@ def main(argv: list[str]) -> int:
         env.update({k: rounded(data[k], p) for k in data.files})
     flush_op, _, flush_below = args.flush.partition("=")
     nudge_node, _, steps = args.nudge.partition("=")
+    marked = {o.name for o in model.graph.output}
+    fusing = {o for n in model.graph.node if n.name == args.fuse_relu for o in n.output}
     for node in model.graph.node:
-        if node.name == args.accumulate and node.op_type == "MatMul":
+        if node.op_type == "Relu" and node.input[0] in fusing:
+            # Fused: fmax drops a NaN; unfused (its input marked): maximum passes it on.
+            relu = np.maximum if node.input[0] in marked else np.fmax
+            results = [relu(env[node.input[0]], np.float32(0))]
+        elif node.name == args.accumulate and node.op_type == "MatMul":
             results = [accumulate_low(env[node.input[0]], env[node.input[1]], p)]
         elif node.name == args.accumulate and node.op_type == "GlobalAveragePool":
             results = [pool_low(env[node.input[0]])]

@@ -5,6 +5,7 @@ extreme."""
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -124,13 +125,22 @@ def test_of_six_flushing_sigmoids_the_one_that_reaches_the_output_is_the_root_ca
     cause = result.root_cause
     assert cause is not None
     assert (cause.kind, cause.nodes) == (CauseKind.RANGE, ("cls_sigmoid",))
-    assert cause.reason.startswith(
-        "Sigmoid 'cls_sigmoid', fed the reference's inputs: 6.1% of the elements are 0 where "
-        "float16 holds values up to 1.6e-05; fed the reference's values there, the target's "
-        "outputs agree (verified); 5 other nodes at fault but harmless: sigmoid0, sigmoid1, "
-        "sigmoid2, sigmoid3, sigmoid4 (with only each wrong, the outputs stay within the "
-        "criterion)"
+    # Each harmless one with its measured effect (issue 33 item 7).
+    effect = r" \(y rel_l2 \d\.\d{3}e-0[56]\)"
+    assert re.fullmatch(
+        r"Sigmoid 'cls_sigmoid', fed the reference's inputs: 6\.1% of the elements are 0 where "
+        r"float16 holds values up to 1\.6e-05; fed the reference's values there, the target's "
+        r"outputs agree \(verified\); 5 other nodes at fault but harmless: "
+        + ", ".join(f"sigmoid{i}{effect}" for i in range(SILUS))
+        + r" \(with only each wrong, the outputs stay within the criterion\)",
+        cause.reason,
     ), cause.reason
+    # Its own effect is why the output diverges, not a rel_l2 of 1.7e-06 beside the boxes.
+    own = next(n.note for n in result.nodes if n.name == "cls_sigmoid")
+    assert own == (
+        "with only its target values wrong, the outputs: y diverges: 4.0% of the elements are 0 "
+        "where float16 holds values up to 1.6e-05"
+    ), own
     verdicts = {n.name: n.verdict for n in result.nodes}
     assert [verdicts[f"sigmoid{i}"] for i in range(SILUS)] == [Verdict.HARMLESS] * SILUS
     note = next(n.note for n in result.nodes if n.name == "sigmoid0")
@@ -165,8 +175,8 @@ def test_an_overflow_to_inf_outranks_a_finite_deviation(tmp_path: Path) -> None:
     assert cause.reason == (
         "GlobalAveragePool 'pool', fed the reference's inputs: 12.5% of the elements are ±Inf "
         "where the reference's are finite; fed the reference's values there, the target's "
-        "outputs agree (verified); 1 other node at fault but harmless: conv (with only each "
-        "wrong, the outputs stay within the criterion)"
+        "outputs agree (verified); 1 other node at fault but harmless: conv (y rel_l2 0.00178) "
+        "(with only each wrong, the outputs stay within the criterion)"
     )
     assert result.first_divergence is not None and result.first_divergence.name == "pool"
 
@@ -279,8 +289,8 @@ def test_a_changed_constant_and_a_discarded_cast_are_harmless_not_the_cause() ->
     assert cause is not None and (cause.kind, cause.nodes) == (CauseKind.CULPRIT, ("act",))
     assert cause.reason.endswith(
         "fed the reference's values there, the target's outputs agree (verified); 2 other "
-        "nodes at fault but harmless: slice_end, cast (with only each wrong, the outputs stay "
-        "within the criterion)"
+        "nodes at fault but harmless: slice_end (y rel_l2 0), cast (y rel_l2 0) (with only each "
+        "wrong, the outputs stay within the criterion)"
     ), cause.reason
     note = next(n.note for n in result.nodes if n.name == "slice_end")
     assert note.startswith("harmless: its target values (the target holds a different value")

@@ -34,6 +34,7 @@ from onnx_bisect.engine.quant.conclude import conclude
 from onnx_bisect.engine.quant.prelude import prelude
 from onnx_bisect.engine.ranking import rank_suspects
 from onnx_bisect.engine.search.cut import CutRefused, CutResult, cut_search, search_info
+from onnx_bisect.engine.search.effect import repaired
 from onnx_bisect.engine.search.failure import failure_search
 from onnx_bisect.engine.search.marking import find_marking
 from onnx_bisect.engine.search.pattern import (
@@ -86,7 +87,11 @@ def scan_strategy(session: Session, screened: Observed) -> Found:
         nodes, first, cause = rank_suspects(session, store, nodes, first, cause)
     if first is not None and cause is not None and cause.kind is CauseKind.NONE:
         nodes, first, cause, _ = _with_pattern(session, store, nodes, first, cause, None)
-    if observer and screened.diverged and session.options.strategy == "auto":
+    observed = bool(observer) and screened.diverged
+    verified = _verified_despite_marking(session, store, cause) if observed else None
+    if verified is not None:
+        cause = verified  # the scan's answer, proven on the unmarked model: no cut search
+    elif observer and screened.diverged and session.options.strategy == "auto":
         log.info("switching to the bisect strategy")
         session.notes.append("switched to the bisect strategy, which marks only cut tensors")
         kept = _fusion_kept(session, store, screened)
@@ -96,6 +101,39 @@ def scan_strategy(session: Session, screened: Observed) -> Found:
     # Only a scan's accumulated errors are the target's own result all along the graph.
     chain = chain_from(session.loaded, nodes, cause, first)
     return Found("scan", tuple(nodes), first, cause, chain=chain, store=store)
+
+
+def _verified_despite_marking(
+    session: Session, store: TensorStore, cause: RootCause | None
+) -> RootCause | None:
+    """The scan's root cause where marking changed the target's result but the cause holds on
+    the unmarked model: fed the reference's values at its nodes alone (no other tensor
+    marked), the target's outputs agree. Isolation never marked anything, so a node found by
+    it (an fp16 GlobalAveragePool whose sum overflows to Inf, tract) stands; the observer
+    effect is a fusion elsewhere (a Conv and its Relu). None where the repair does not prove
+    it: the cut search then runs."""
+    if cause is None or cause.kind not in (CauseKind.CULPRIT, CauseKind.RANGE) or not cause.nodes:
+        return None
+    kept = (
+        "the scan's root cause holds on the unmarked model (fed the reference's values at "
+        f"{', '.join(cause.nodes)}, the target's outputs agree{{}}): the cut search, which the "
+        "observer effect would call for, was not needed"
+    )
+    if "(verified)" in cause.reason:  # the ranking's own repair, on the unmarked model too
+        session.notes.append(kept.format(""))
+        return cause
+    with session.timer.stage("rank"):
+        fixed = repaired(session, store, cause.nodes)
+    if fixed is None or not fixed.shows or not fixed.agrees:
+        return None
+    worst = fixed.worst(session.crit)
+    said = f"{worst.tensor} rel_l2 {worst.shown('rel_l2')}" if worst is not None else ""
+    session.notes.append(kept.format(f": {said}"))
+    return replace(
+        cause,
+        reason=f"{cause.reason}; fed the reference's values there, the target's outputs agree "
+        f"({said}; verified on the unmarked model)",
+    )
 
 
 def bisect_strategy(session: Session, screened: Observed) -> Found:

@@ -63,4 +63,7 @@ def is_constant(tensor: str, loaded: LoadedModel, store: TensorStore) -> bool:
         return True
     meta = store.meta(tensor)
     small = int(np.prod(meta.shape, dtype=np.int64)) <= _SMALL_INT
-    return small and not np.issubdtype(meta.dtype, np.floating)
+    # A small float tensor computed from initializers alone (a Resize's scales and roi, cast
+    # to float32 by a converter) is the model's constant too: fed as an input, tract cannot
+    # size the Resize ("Neither sizes nor scales makes sense") and every isolation of it failed.
+    return small and (not np.issubdtype(meta.dtype, np.floating) or tensor in loaded.constants)

@@ -25,7 +25,6 @@ from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendError
 from onnx_bisect.graph.extract import incomplete_outputs, with_outputs
-from onnx_bisect.text import fmt
 
 __all__ = ["Marking", "find_marking"]
 
@@ -46,7 +45,7 @@ class Marking:
     def note(self) -> str:
         """One line for the report."""
         readers = ", ".join(self.readers[:3]) + (" ..." if len(self.readers) > 3 else "")
-        how = fmt(self.change.metrics.get("rel_l2"))
+        how = self.change.shown("rel_l2")  # NaN where marking turned the output NaN, not 0
         return (
             f"marking {self.tensor!r} alone changes the target's result ({self.change.tensor} "
             f"moves rel_l2 {how} from the plain run; found in {self.runs} target runs): a "
