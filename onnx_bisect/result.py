@@ -78,22 +78,10 @@ class Outcome(StrEnum):
 
 
 class CauseKind(StrEnum):
-    """``culprit``: one node is wrong by itself; ``reference``: the node's reference value is
-    the one off (the target agrees with float64); ``parameter``: the target holds a different
-    value of a constant or weight (a transform or a precision policy rounded it) and no node
-    computes wrongly; ``range``: one node's values are ones its precision could hold but
-    came back 0, ±Inf or NaN (a flush or an overflow); ``precision``: every node is within the
-    error its lower precision predicts, and the runtime chose that precision unasked;
-    ``quantization``: a quantized model's scales lose the values (clipped, too coarse, shared
-    with a wider tensor) or it is within its quantization error: a setting of the quantizer,
-    not a runtime's bug; ``pattern``: only a window of connected nodes reproduces it; ``crash``:
-    the target dies when the node is present; ``unsupported``: the target cannot run the node
-    (a missing kernel or conversion); ``error``: the target reports another error whenever the
-    node is present; ``export`` (a PyTorch reference): a module's ONNX nodes, fed its own inputs,
-    compute something else in float64; ``runtime``: they agree in float64, the target is off;
-    ``preprocessing`` (a PyTorch side): those nodes agree, and the ONNX model's inputs differ
-    from the module's forward inputs (dtype, layout, scale); ``none``: none of these could be
-    shown."""
+    """What kind of cause a root cause is (``culprit``, ``reference``, ``parameter``, ``range``,
+    ``precision``, ``quantization``, ``pattern``, ``crash``, ``unsupported``, ``error``,
+    ``export``, ``runtime``, ``preprocessing``, ``none``): each is defined, as the user reads
+    it, in docs/guide.md's glossary and docs/report-format.md's ``root_cause.kind``."""
 
     CULPRIT = "culprit"
     RANGE = "range"

@@ -182,8 +182,7 @@ TargetOpt = Annotated[
         metavar="SPEC",
         help="Under test: e.g. openvino, 'openvino?precision=f32', "
         "'torch:cpu?dtype=bfloat16', 'exec:{python} rt.py {model} {inputs} {outputs}', "
-        "pytorch:FILE.py:FACTORY. "
-        "`onnx-bisect backends` lists those that work here.",
+        "pytorch:F.py:FACTORY. `onnx-bisect backends` lists those that work here.",
         rich_help_panel=COMPARE,
     ),
 ]
@@ -432,7 +431,7 @@ TimeoutOpt = Annotated[
     typer.Option(
         parser=parse_real,
         metavar="SECONDS",
-        help="A target run longer than this is a crash (a hang).",
+        help="A target run past this many seconds is a hang.",
         rich_help_panel=RESOURCES,
     ),
 ]
