@@ -26,6 +26,7 @@ from onnx_bisect.result import (
 from onnx_bisect.text import plural
 
 __all__ = [
+    "carried_constants",
     "culprit_cause",
     "dump_verdicts",
     "first_divergence",
@@ -210,7 +211,8 @@ def root_cause(
             return cause
         return _parameter_cause(read, f"; {culprit.op_type} {culprit.name!r} computes from it")
     if changed and first is not None:
-        return _parameter_cause(changed, "")
+        carried = carried_constants(nodes)
+        return _parameter_cause([n for n in changed if n.name not in carried] or changed, "")
     if first is None:
         return RootCause(
             CauseKind.NONE,
@@ -226,6 +228,19 @@ def root_cause(
         "no single node diverges when fed the reference's inputs: the error comes from a "
         "pattern of nodes or from accumulated rounding" + extra,
     )
+
+
+def carried_constants(nodes: Sequence[NodeResult]) -> set[str]:
+    """The changed constants computed from another changed constant (a Concat of LSTM biases,
+    then the Unsqueeze that shapes them): their change is the first one's, carried on. Fed
+    the reference's operands they agree, so they are neither a cause of their own nor, when
+    measured alone, harmless: the change they carry is not."""
+    changed = {o for n in nodes if n.verdict is Verdict.PARAMETER for o in n.outputs}
+    return {
+        n.name
+        for n in nodes
+        if n.verdict is Verdict.PARAMETER and any(t in changed for t in n.inputs)
+    }
 
 
 def _start_rank(node: NodeResult) -> tuple[int, int]:
