@@ -326,7 +326,7 @@ def diagnose(session: Session, screened: Screened | None = None) -> Diagnosis:
     if diverged and reference_is_off(screened, found):
         # float64 sides with the target: the reference's kernel is the less exact one, and
         # the target is not the one that diverged.
-        session.notes.append(reference_off_note(found))
+        session.notes.append(reference_off_note(found, screened))
         diverged = False
     return Diagnosis(screened, found, diverged)
 
