@@ -3,15 +3,27 @@ model built here: a planted fault missed, a false alarm, a wrongly named culprit
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnxconverter_common import float16
 
 import onnx_bisect
 from onnx_bisect import Verdict
-from onnx_bisect.result import CauseKind
+from onnx_bisect.compare.criterion import Comparison, Status
+from onnx_bisect.engine.found import Found
+from onnx_bisect.engine.judge import reference_is_off, reference_off_note
+from onnx_bisect.engine.measure.observe import Observed
+from onnx_bisect.errors import ModelLoadError
+from onnx_bisect.result import CauseKind, NodeResult, RootCause
 from tests.faulty import FaultyBackend
-from tests.models import IR, OPSET
+from tests.models import IR, OPSET, ROOT
+
+LOWP = ROOT / "tests" / "lowp_runtime.py"
 
 
 def lstm_bias_chain(seed: int = 0) -> onnx.ModelProto:
@@ -69,3 +81,186 @@ def test_a_changed_constant_carried_through_another_constant_is_the_root_cause()
         "1 constant holds different values on the target (cat: rel_l2=0.05 > threshold"
     ), cause.reason
     assert result.diverged  # exit 1
+
+
+def masked_overflow() -> onnx.ModelProto:
+    """T5's attention-mask fill, then a MatMul that overflows float16: bias = (1 - mask) *
+    -3.4e38 (finfo.min, which onnxconverter-common clamps to -1e4 in the float16 model),
+    y = (x + bias) @ w with one product sum past 65504 (zoo G4)."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    w[:, 2] = 40.0
+    fill = numpy_helper.from_array(np.array(-3.4028235e38, np.float32), "v")
+    nodes = [
+        helper.make_node("Constant", [], ["big"], value=fill, name="minval"),
+        helper.make_node("Sub", ["one", "mask"], ["inv"], name="inv"),
+        helper.make_node("Mul", ["inv", "big"], ["bias"], name="bias"),
+        helper.make_node("Add", ["x", "bias"], ["xb"], name="add"),
+        helper.make_node("MatMul", ["xb", "w"], ["y"], name="proj"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "masked_overflow",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16]),
+            helper.make_tensor_value_info("mask", TensorProto.FLOAT, [4, 1]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
+        [
+            numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+            numpy_helper.from_array(w, "w"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR
+    return model
+
+
+def test_a_clamped_constant_is_fed_as_the_target_model_holds_it() -> None:
+    """Fed the reference's -3.4e38 (-inf in float16) the target's Mul made 0 * -inf = NaN, a
+    value the target never computes (its model holds -1e4), and the Mul was named the root
+    cause of an overflow that is the MatMul's (zoo G4: T5's /enc/Mul named, the Pow's
+    overflow only in "Inf first appears"). The target model's own constants are fed."""
+    model = masked_overflow()
+    with warnings.catch_warnings():  # the converter warns of the clamp this test is about
+        warnings.simplefilter("ignore")
+        half = float16.convert_float_to_float16(model, keep_io_types=True)
+    x = np.abs(np.random.default_rng(1).standard_normal((4, 16))).astype(np.float32) * 30
+    x[1, 3] = 6000.0  # row 1 of the MatMul: about 254,000 in float32, Inf in float16
+    result = onnx_bisect.bisect(
+        model,
+        ref="cpu",
+        target=f"exec:{sys.executable} {LOWP} {{model}} {{inputs}} {{outputs}}",
+        target_model=half,
+        inputs={"x": x, "mask": np.ones((4, 1), np.float32)},
+    )
+    verdicts = {n.name: n.verdict for n in result.nodes}
+    assert verdicts["bias"] is Verdict.OK, verdicts
+    assert verdicts["proj"] is Verdict.RANGE, verdicts
+    cause = result.root_cause
+    assert cause is not None and (cause.kind, cause.nodes) == (CauseKind.RANGE, ("proj",))
+    assert cause.reason == (
+        "MatMul 'proj', fed the reference's inputs: 3.1% of the elements are ±Inf where the "
+        "reference's are finite"
+    ), cause.reason
+    assert result.diverged  # exit 1
+
+
+def nested_if_out_of_order() -> onnx.ModelProto:
+    """An If whose nested If's branch reads ``t`` from the outer scope, placed before the
+    node computing ``t``, as onnxconverter-common's sort leaves silero-vad (zoo G1)."""
+
+    def branch(name: str, nodes: list[onnx.NodeProto], out: str) -> onnx.GraphProto:
+        value = helper.make_tensor_value_info(out, TensorProto.FLOAT, [2])
+        return helper.make_graph(nodes, name, [], [value])
+
+    inner = helper.make_node(
+        "If",
+        ["c"],
+        ["r"],
+        name="inner",
+        then_branch=branch("it", [helper.make_node("Identity", ["t"], ["a"])], "a"),
+        else_branch=branch("ie", [helper.make_node("Neg", ["t"], ["b"])], "b"),
+    )
+    outer = helper.make_node(
+        "If",
+        ["c"],
+        ["y"],
+        name="outer",
+        then_branch=branch("ot", [inner], "r"),
+        else_branch=branch("oe", [helper.make_node("Identity", ["x"], ["e"])], "e"),
+    )
+    graph = helper.make_graph(
+        [outer, helper.make_node("Relu", ["x"], ["t"], name="relu")],
+        "nested",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR
+    return model
+
+
+def test_a_node_read_by_a_nested_branch_is_sorted_before_the_if() -> None:
+    """onnx's checker rejects the converter's order ("Nodes in a graph must be topologically
+    sorted"); re-sorted counting the branches' outer-scope reads, the Relu comes first and
+    the model passes the full check and runs."""
+    import onnxruntime as ort
+
+    from onnx_bisect.transforms.validity import resort, unchecked
+
+    model = nested_if_out_of_order()
+    ordered = onnx.ModelProto()
+    ordered.CopyFrom(model)
+    ordered.graph.node.insert(0, ordered.graph.node.pop(1))
+    problem = unchecked(ordered, model)
+    assert "Nodes in a graph must be topologically sorted" in problem, problem
+    resort(model.graph)
+    assert [n.name for n in model.graph.node] == ["relu", "outer"]
+    onnx.checker.check_model(model, full_check=True)
+    x = np.array([-1.0, 2.0], np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"x": x, "c": np.array(True)})[0]
+    assert got.tolist() == [0.0, 2.0]
+
+
+def test_an_invalid_conversion_is_the_converters_problem() -> None:
+    """A converted model onnx's checker still rejects after the re-sort is not run on the
+    target (which would then be blamed): the error names the converter."""
+    from onnx_bisect.transforms import fp16
+
+    model = masked_overflow()
+    broken = onnx.ModelProto()
+    broken.CopyFrom(model)
+    broken.graph.node[3].input[0] = "nowhere"  # read but never computed: no order fixes it
+    with pytest.raises(ModelLoadError) as err:
+        fp16._in_order(model, broken)
+    assert str(err.value).startswith(
+        "onnxconverter-common wrote an invalid model (onnx's checker, after the nodes were put "
+        "in topological order): "
+    ), err.value
+    assert str(err.value).endswith("the converter's problem, not the target's")
+
+
+def _row(index: int, name: str, verdict: Verdict, rel: float, off: bool = False) -> NodeResult:
+    status = Status.DIVERGED if rel > 1e-5 else Status.OK
+    acc = Comparison(name, status, rel, {"rel_l2": rel}, reference_off=off)
+    return NodeResult(index, name, "MatMul", (f"in{index}",), (name,), verdict, acc)
+
+
+def _reference_off(*rows: NodeResult) -> tuple[Found, Observed]:
+    """The tashkeel-bilstm answer's shape (zoo G9): the reference off at the LSTM, every other
+    node of the target agrees fed the reference's inputs, the logits 6% apart and the
+    target's no closer to float64 there (its int8 steps flip too)."""
+    cause = RootCause(CauseKind.REFERENCE, ("lstm",), "the reference is off")
+    found = Found("scan", rows, rows[0], cause)
+    logits = Comparison("logits", Status.DIVERGED, 0.0589, {"rel_l2": 0.0589})
+    return found, Observed({"logits": logits}, {})
+
+
+def test_a_reference_kernel_error_the_model_amplifies_is_not_the_targets_divergence() -> None:
+    """tashkeel-bilstm on OpenVINO: ONNX Runtime's DynamicQuantizeLSTM 0.5% off float64, 6% at
+    the logits after int8 flips and a Softmax; no node of the target's at fault. It was exit 1
+    "Diverged" with root cause `reference`; the target is not called diverged (exit 0), and
+    the note says the model amplified the reference's error."""
+    found, screened = _reference_off(
+        _row(0, "lstm", Verdict.REFERENCE_OFF, 0.0052, off=True),
+        _row(1, "softmax", Verdict.PROPAGATED, 0.12),
+        _row(2, "logits", Verdict.PROPAGATED, 0.0589),
+    )
+    assert reference_is_off(screened, found)
+    assert reference_off_note(found, screened) == (
+        "the target agrees with float64 and the reference does not at MatMul 'lstm', and no "
+        "node of the target's diverges on its own: the outputs differ by the reference's "
+        "kernel error, amplified by the model (integer steps that flip, a Softmax), so the "
+        "target is not called diverged"
+    )
+    found, screened = _reference_off(
+        _row(0, "lstm", Verdict.REFERENCE_OFF, 0.0052, off=True),
+        _row(1, "softmax", Verdict.CULPRIT, 0.12),
+        _row(2, "logits", Verdict.PROPAGATED, 0.0589),
+    )
+    assert not reference_is_off(screened, found)  # a target node at fault: it diverged
