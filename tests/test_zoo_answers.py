@@ -14,7 +14,9 @@ from onnxconverter_common import float16
 
 import onnx_bisect
 from onnx_bisect import Verdict
-from onnx_bisect.compare.criterion import Comparison, Status
+from onnx_bisect.compare.criterion import Comparison, Criterion, Status
+from onnx_bisect.compare.precision import Precision, PrecisionFloors
+from onnx_bisect.compare.tensors import compare_tensors
 from onnx_bisect.engine.found import Found
 from onnx_bisect.engine.judge import reference_is_off, reference_off_note
 from onnx_bisect.engine.measure.observe import Observed
@@ -264,3 +266,75 @@ def test_a_reference_kernel_error_the_model_amplifies_is_not_the_targets_diverge
         _row(2, "logits", Verdict.PROPAGATED, 0.0589),
     )
     assert not reference_is_off(screened, found)  # a target node at fault: it diverged
+
+
+def one_if(seed: int = 0) -> onnx.ModelProto:
+    """A model that is one If (silero-vad-op18-ifless, zoo G2): its branches compute a MatMul
+    and a Tanh of the graph input, which the float16 twin cannot run alone."""
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.standard_normal((32, 32)).astype(np.float32) * 0.3, "w")
+
+    def branch(name: str, op: str) -> onnx.GraphProto:
+        nodes = [
+            helper.make_node("Constant", [], [f"{name}_w"], value=w, name=f"{name}_w"),
+            helper.make_node("MatMul", ["x", f"{name}_w"], [f"{name}_m"], name=f"{name}_mm"),
+            helper.make_node(op, [f"{name}_m"], [f"{name}_y"], name=f"{name}_act"),
+        ]
+        out = helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [8, 32])
+        return helper.make_graph(nodes, name, [], [out])
+
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "If",
+                ["c"],
+                ["y"],
+                name="cond",
+                then_branch=branch("then", "Tanh"),
+                else_branch=branch("else", "Sigmoid"),
+            ),
+        ],
+        "one_if",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 32]),
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 32])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR
+    return model
+
+
+def test_a_model_that_is_one_if_is_judged_at_float16_not_fp32_noise() -> None:
+    """The float16 twin cannot run the If alone, so no isolated floors existed, and the whole
+    model was judged at fp32 noise: the If a "culprit" at 1e-5 (zoo G2). The accumulated
+    floors of the run bound it: float16's own error, exit 0."""
+    x = np.random.default_rng(1).standard_normal((8, 32)).astype(np.float32)
+    result = onnx_bisect.bisect(
+        one_if(), ref="cpu", target="cpu+fp16", inputs={"x": x, "c": np.array(True)}
+    )
+    assert not result.diverged, result.summary()  # exit 0
+    assert not any("no float16 precision floors were measured" in n for n in result.notes)
+    (output,) = result.outputs
+    assert output.within_precision and output.precision_floor is not None
+    assert (
+        result.summary()
+        .splitlines()[0]
+        .startswith(
+            "No divergence: cpu+fp16 vs cpu on <in-memory ModelProto> (the target runs <in-memory "
+            "ModelProto> +fp16): agrees within float16 precision"
+        )
+    ), result.summary()
+
+
+def test_the_reason_names_the_threshold_the_precision_floor_set() -> None:
+    """Past its float16 floor, a tensor's reason said fp32 noise's threshold ("rel_l2=0.0013 >
+    threshold 1.01e-05") beside a threshold field of 1.15e-3 (zoo G3): the words name the
+    bound that judged it."""
+    floors = PrecisionFloors(Precision.FLOAT16, accumulated={"t": 1e-4})
+    crit = Criterion(noise=lambda tensor, ref: 2.5e-7, floors=floors)
+    ref = np.linspace(1.0, 2.0, 1000).astype(np.float32)
+    got = compare_tensors("t", ref, ref * np.float32(1.001), crit)
+    assert got.diverged and got.threshold == pytest.approx(4e-4 + 1e-5)
+    assert got.reason == "rel_l2=0.001 > threshold 0.00041 (4 × the float16 floor 0.0001 + 1e-05)"

@@ -169,6 +169,13 @@ def _precision(
     if status is Status.DIVERGED and bound is not None and metrics["rel_l2"] <= bound[0]:
         return Status.OK, "", _Lowered(floor, True, limit=bound[0])
     judged_by_floor = bound[0] if status is Status.DIVERGED and bound is not None else None
+    if judged_by_floor is not None and floor is not None:
+        # The words name the bound that judged it, as the threshold field does (the fp32
+        # noise's 1e-05 was said beside a threshold of 1.15e-03: zoo G3).
+        reason = (
+            f"rel_l2={metrics['rel_l2']:.3g} > threshold {judged_by_floor:.3g} "
+            f"({crit.k:g} × the {crit.floors.precision.value} floor {floor:.3g} + {crit.eps:g})"
+        )
     return status, reason, _Lowered(floor, limit=judged_by_floor)
 
 

@@ -237,7 +237,7 @@ def _auto_criterion(
         quant_bounds=crit.quant_bounds,
     )
     target = session.setup.target_precision
-    measured = target.lowered and bool(float64.precision_isolated)
+    measured = target.lowered and bool(float64.precision_isolated or float64.precision_noise)
     if float64.inexact:
         session.notes.append(_inexact_note(sorted(float64.inexact), crit, target, measured))
     if measured:
