@@ -32,6 +32,7 @@ from onnx_bisect.engine.precision import (
     side_precision,
     unasked_precision,
     unasked_precision_cause,
+    with_input_rounding,
 )
 from onnx_bisect.engine.quant.prelude import prepare_early
 from onnx_bisect.engine.quant.steps import GRIDS, IntegerGrids, integer_grids, one_model_report
@@ -310,6 +311,7 @@ def diagnose(session: Session, screened: Screened | None = None) -> Diagnosis:
     if isinstance(screened, BackendError):
         log.info("the target failed on the whole model; searching for the node")
         return Diagnosis(None, failure_search(session, screened), diverged=True)
+    screened = with_input_rounding(session, screened)
     # A runtime that lowered the precision on its own is a finding even where every output
     # is within what that precision predicts: the user did not ask for it.
     unasked = not screened.diverged and unasked_precision(session, screened)
