@@ -266,9 +266,9 @@ def test_a_reference_kernel_error_the_model_amplifies_is_not_the_targets_diverge
     assert reference_is_off(screened, found)
     assert reference_off_note(found, screened) == (
         "the target agrees with float64 and the reference does not at MatMul 'lstm', and no "
-        "node of the target's diverges on its own: the outputs differ by the reference's "
-        "kernel error, amplified by the model (integer steps that flip, a Softmax), so the "
-        "target is not called diverged"
+        "node of the target's diverges on its own: the outputs differ by that error and by "
+        "steps within the model's precision (integer steps that flip by one), which the model "
+        "amplifies (a Softmax), so the target is not called diverged"
     )
     found, screened = _reference_off(
         _row(0, "lstm", Verdict.REFERENCE_OFF, 0.0052, off=True),
