@@ -231,7 +231,9 @@ def _auto_criterion(
         float64 = _float64_or_none(session, names, in_child)
     if float64 is None:
         return replace(crit, abs_floor=FALLBACK_ABS_FLOOR)
-    floors = NoiseFloor(float64.values, float64.oracle_noise, float64.inexact)
+    floors = NoiseFloor(
+        float64.values, float64.oracle_noise, float64.inexact, _meaning_downstream(session.loaded)
+    )
     crit = replace(
         session.options.noise_criterion(floors, floors.truth),
         quantized=crit.quantized,
@@ -252,6 +254,27 @@ def _auto_criterion(
             "precision floors were measured (they need torch): it is judged against fp32 noise"
         )
     return crit
+
+
+# com.microsoft kernels whose ONNX Runtime implementation quantizes the activations too, where
+# the oracle computes what the op means (backends/torch/ops/contrib.py).
+_QUANTIZING_KERNELS = frozenset({"DynamicQuantizeLSTM", "DynamicQuantizeMatMul"})
+
+
+def _meaning_downstream(loaded: LoadedModel) -> set[str]:
+    """Every tensor computed from the output of a ``_QUANTIZING_KERNELS`` node: their noise
+    floor is the oracle twin's, not the reference's own distance from float64. The kernels'
+    own outputs keep the reference's: a later one, fed the reference's inputs, is as far
+    from its meaning on the reference as the first, where no float64 value of those inputs
+    can show it (it would be a "culprit" on any target that computes the meaning)."""
+    downstream: set[str] = set()
+    for node in loaded.nodes:
+        ins = (*node.inputs, *node.implicit_inputs)
+        quantizing = node.op_type in _QUANTIZING_KERNELS
+        if quantizing or any(t in downstream for t in ins):
+            downstream.update(o for o in node.outputs if o)
+    own = {o for n in loaded.nodes if n.op_type in _QUANTIZING_KERNELS for o in n.outputs}
+    return downstream - own
 
 
 def _inexact_note(
