@@ -78,7 +78,12 @@ class PrecisionFloors:
     isolated: Mapping[str, float] = field(default_factory=dict)
 
     def floor(self, tensor: str, *, isolating: bool) -> float | None:
-        return (self.isolated if isolating else self.accumulated).get(tensor)
+        """A node fed exact operands is held to its isolated floor; where the twin could not
+        run it alone (an If, a Loop: a subgraph), to the floor of the whole run up to it,
+        never to fp32 noise (zoo G2: a model that is one If, judged at 2e-5)."""
+        if isolating and tensor in self.isolated:
+            return self.isolated[tensor]
+        return self.accumulated.get(tensor)
 
     def renamed(self, pairs: Mapping[str, str]) -> PrecisionFloors:
         """For another model's tensors: ``pairs`` maps each to the reference tensor holding

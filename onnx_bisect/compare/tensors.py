@@ -98,7 +98,10 @@ def compare_tensors(
             # With every value finite, the reference's rel_l2 against float64 is its noise
             # floor, just measured: at or under the bound, it is not off (half the scan's
             # comparison time at auto, on YOLOv8n, went to the full check).
-            off = _reference_off(name, ref, target, crit, noise if finite else None)
+            # The floor is the reference's own distance from float64, except where it is the
+            # oracle twin's (``NoiseFloor.twin_only``): then that distance is measured here.
+            twin = name in getattr(crit.noise, "twin_only", ())
+            off = _reference_off(name, ref, target, crit, noise if finite and not twin else None)
         if off:
             status, reason = Status.DIVERGED, off
     else:
@@ -169,6 +172,13 @@ def _precision(
     if status is Status.DIVERGED and bound is not None and metrics["rel_l2"] <= bound[0]:
         return Status.OK, "", _Lowered(floor, True, limit=bound[0])
     judged_by_floor = bound[0] if status is Status.DIVERGED and bound is not None else None
+    if judged_by_floor is not None and floor is not None:
+        # The words name the bound that judged it, as the threshold field does (the fp32
+        # noise's 1e-05 was said beside a threshold of 1.15e-03: zoo G3).
+        reason = (
+            f"rel_l2={metrics['rel_l2']:.3g} > threshold {judged_by_floor:.3g} "
+            f"({crit.k:g} × the {crit.floors.precision.value} floor {floor:.3g} + {crit.eps:g})"
+        )
     return status, reason, _Lowered(floor, limit=judged_by_floor)
 
 

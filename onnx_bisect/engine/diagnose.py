@@ -32,6 +32,7 @@ from onnx_bisect.engine.precision import (
     side_precision,
     unasked_precision,
     unasked_precision_cause,
+    with_input_rounding,
 )
 from onnx_bisect.engine.quant.amplified import flips_amplified
 from onnx_bisect.engine.quant.prelude import prepare_early
@@ -231,14 +232,16 @@ def _auto_criterion(
         float64 = _float64_or_none(session, names, in_child)
     if float64 is None:
         return replace(crit, abs_floor=FALLBACK_ABS_FLOOR)
-    floors = NoiseFloor(float64.values, float64.oracle_noise, float64.inexact)
+    floors = NoiseFloor(
+        float64.values, float64.oracle_noise, float64.inexact, _meaning_downstream(session.loaded)
+    )
     crit = replace(
         session.options.noise_criterion(floors, floors.truth),
         quantized=crit.quantized,
         quant_bounds=crit.quant_bounds,
     )
     target = session.setup.target_precision
-    measured = target.lowered and bool(float64.precision_isolated)
+    measured = target.lowered and bool(float64.precision_isolated or float64.precision_noise)
     if float64.inexact:
         session.notes.append(_inexact_note(sorted(float64.inexact), crit, target, measured))
     if measured:
@@ -252,6 +255,27 @@ def _auto_criterion(
             "precision floors were measured (they need torch): it is judged against fp32 noise"
         )
     return crit
+
+
+# com.microsoft kernels whose ONNX Runtime implementation quantizes the activations too, where
+# the oracle computes what the op means (backends/torch/ops/contrib.py).
+_QUANTIZING_KERNELS = frozenset({"DynamicQuantizeLSTM", "DynamicQuantizeMatMul"})
+
+
+def _meaning_downstream(loaded: LoadedModel) -> set[str]:
+    """Every tensor computed from the output of a ``_QUANTIZING_KERNELS`` node: their noise
+    floor is the oracle twin's, not the reference's own distance from float64. The kernels'
+    own outputs keep the reference's: a later one, fed the reference's inputs, is as far
+    from its meaning on the reference as the first, where no float64 value of those inputs
+    can show it (it would be a "culprit" on any target that computes the meaning)."""
+    downstream: set[str] = set()
+    for node in loaded.nodes:
+        ins = (*node.inputs, *node.implicit_inputs)
+        quantizing = node.op_type in _QUANTIZING_KERNELS
+        if quantizing or any(t in downstream for t in ins):
+            downstream.update(o for o in node.outputs if o)
+    own = {o for n in loaded.nodes if n.op_type in _QUANTIZING_KERNELS for o in n.outputs}
+    return downstream - own
 
 
 def _inexact_note(
@@ -311,6 +335,7 @@ def diagnose(session: Session, screened: Screened | None = None) -> Diagnosis:
     if isinstance(screened, BackendError):
         log.info("the target failed on the whole model; searching for the node")
         return Diagnosis(None, failure_search(session, screened), diverged=True)
+    screened = with_input_rounding(session, screened)
     # A runtime that lowered the precision on its own is a finding even where every output
     # is within what that precision predicts: the user did not ask for it.
     unasked = not screened.diverged and unasked_precision(session, screened)
@@ -327,7 +352,7 @@ def diagnose(session: Session, screened: Screened | None = None) -> Diagnosis:
     if diverged and reference_is_off(screened, found):
         # float64 sides with the target: the reference's kernel is the less exact one, and
         # the target is not the one that diverged.
-        session.notes.append(reference_off_note(found))
+        session.notes.append(reference_off_note(found, screened))
         diverged = False
     amplified = flips_amplified(session, found, _worst(screened)) if diverged else None
     if amplified is not None:  # one quantized model's integers a step apart, amplified

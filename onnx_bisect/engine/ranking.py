@@ -24,7 +24,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from onnx_bisect.compare.criterion import Comparison
-from onnx_bisect.engine.judge import culprit_cause, first_divergence, root_cause
+from onnx_bisect.engine.judge import (
+    carried_constants,
+    culprit_cause,
+    first_divergence,
+    root_cause,
+)
 from onnx_bisect.engine.measure.store import TensorStore
 from onnx_bisect.engine.search.effect import Effect, Values, injected, repaired, target_alone
 from onnx_bisect.engine.session import Session
@@ -55,7 +60,10 @@ def rank_suspects(
 ) -> Settled:
     """The verdicts, first divergence and root cause once competing suspects are measured;
     unchanged where there is no competition (one culprit: no extra run)."""
-    suspects = sorted((n for n in nodes if n.verdict in _SUSPECTS), key=_static_rank)
+    carried = carried_constants(nodes)
+    suspects = sorted(
+        (n for n in nodes if n.verdict in _SUSPECTS and n.name not in carried), key=_static_rank
+    )
     changed = any(n.verdict is Verdict.PARAMETER for n in suspects)
     # An unrolled Loop's or Scan's copies of one body node are one suspect: the body node is
     # wrong in every iteration, and the earliest copy names it.

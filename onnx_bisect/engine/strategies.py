@@ -212,7 +212,11 @@ def two_model_strategy(session: Session, screened: Observed) -> Found:
     # still feeds every node trusted values.
     for name, value in quant.values.items() if quant is not None else ():
         view.put(name, value)  # a dynamic model's run-time scales, as its run gave them
-    own = [t for t in [*other.constants, *_input_casts(other)] if t not in view]
+    # Every constant as the target model holds it, paired or not: a converter's clamped
+    # Constant (T5's -3.4e38 mask fill is -1e4 in its float16 model) fed at the reference's
+    # value made a NaN the target never computes (zoo G4). A changed one is still found: its
+    # own comparison, and a culprit computed from it is named a parameter (root_cause).
+    own = [*other.constants, *(t for t in _input_casts(other) if t not in view)]
     if own:
         values = timed_run(s.ref, with_outputs(other.model, own), s.feeds, "ref", s.stats)
         for name in own:

@@ -14,7 +14,7 @@ from onnx_bisect.errors import SpecError
 from onnx_bisect.graph.save import save_model
 from onnx_bisect.graph.weights import read_model, with_loaded_weights
 from onnx_bisect.transforms.registry import EXIT_FAILED, EXIT_SPEC, parse_transform, transform_kinds
-from onnx_bisect.transforms.validity import broken_by
+from onnx_bisect.transforms.validity import broken_by, unchecked
 
 __all__ = ["main"]
 
@@ -34,7 +34,7 @@ def main(argv: Sequence[str]) -> int:
         if kind.reads_weights:
             model = with_loaded_weights(model)
         result, notes = kind.apply(model, parsed.arg, json.loads(shapes))
-        problem = broken_by(located, result)
+        problem = broken_by(located, result) or unchecked(located, result)
         if problem:
             print(f"{kind.package} wrote an invalid model: {problem[:240]}", file=sys.stderr)
             return EXIT_FAILED

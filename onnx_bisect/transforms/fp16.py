@@ -30,7 +30,7 @@ from typing import Any
 import onnx
 
 from onnx_bisect.errors import ModelLoadError
-from onnx_bisect.transforms.validity import broken_by
+from onnx_bisect.transforms.validity import broken_by, resort, unchecked
 
 __all__ = [
     "BLOCKS_KEY",
@@ -204,7 +204,7 @@ def valid_conversion(
         converted = convert(model, blocks)
         problem = broken_by(model, converted)
         if not problem:
-            return converted, blocks
+            return _in_order(model, converted), blocks
         named = _NODE.findall(problem)
         name = named[-1].strip() if named else ""
         more = _to_block(model, blocks, name)
@@ -220,6 +220,22 @@ def valid_conversion(
     raise ModelLoadError(
         f"onnxconverter-common wrote an invalid model after {_TRIES} block lists: {problem[:240]}"
     )
+
+
+def _in_order(model: onnx.ModelProto, converted: onnx.ModelProto) -> onnx.ModelProto:
+    """``converted`` with every graph's nodes in topological order, checked by onnx's full
+    checker. The converter's own sort ignores the names a subgraph reads from the outer
+    scope: it put an If before the node whose output the If's branch reads (silero-vad's
+    nested Ifs, zoo G1), a model no runtime loads, which was then "the target failing"."""
+    resort(converted.graph)
+    problem = unchecked(model, converted)
+    if problem:
+        raise ModelLoadError(
+            f"onnxconverter-common wrote an invalid model (onnx's checker, after the nodes were "
+            f"put in topological order): {problem[:240]}; the converter's problem, not the "
+            "target's"
+        )
+    return converted
 
 
 def _reason(problem: str) -> str:
