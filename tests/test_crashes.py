@@ -101,17 +101,46 @@ def test_an_error_the_runtime_reports_keeps_the_worker() -> None:
     assert set(out) == {"y"}
 
 
+def ref_crash_error(spec: str, signal: int) -> str:
+    return (
+        f"error: reference failed: {spec} crashes whenever Tanh '{NODE}' (#11) is in the model, "
+        f"and runs every smaller prefix of the graph (exited with signal {signal}: dying on "
+        f"{NODE}); choose another --ref"
+    )
+
+
 def test_a_crashing_reference_is_an_error_not_a_dead_tool(model: Path, tmp_path: Path) -> None:
-    """With --isolate-crashes the reference runs in a worker too (by default it runs in the
-    tool's process: see docs/architecture.md, "A runtime's crash never ends the diagnosis")."""
+    """With --isolate-crashes the reference runs in a worker from the start: its crash is an
+    error naming the node (exit 2), found by the binary search over prefixes."""
     spec = crashing("segv")
     argv = [str(model), "--ref", spec, "--target", "cpu", "--isolate-crashes"]
     argv += ["-o", str(tmp_path / "r")]
     res = runner.invoke(bisect_app, argv)
     assert res.exit_code == 2, res.output
-    assert res.output.strip() == (
-        f"error: reference failed: {spec}: exited with signal 11: dying on {NODE}"
-    )
+    assert res.output.strip() == ref_crash_error(spec, 11)
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("how", "signal"), [("segv", 11), ("abort", 6)])
+def test_a_reference_that_dies_in_the_tools_process_is_an_error_naming_the_node(
+    how: str, signal: int, model: Path, tmp_path: Path
+) -> None:
+    """By default the reference runs in the tool's process, and the command in a forked
+    child (process.survive_reference_crash): the child dies, the command runs again with the
+    reference in a worker, whose crash names the node. One line of ours, exit 2, no
+    traceback; before it only what the dying runtime printed itself."""
+    bisect = Path(sys.executable).with_name("bisect")
+    spec = crashing(how)
+    argv = [str(bisect), str(model), "--ref", spec, "--target", "cpu", "-o", str(tmp_path / "r")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1] == ref_crash_error(spec, signal)
+    assert set(lines[:-1]) == {f"dying on {NODE}"}, proc.stderr  # the runtime's own words
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ one input's feeds, sizes and criterion (with noise floors for ``--threshold auto
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,6 +49,7 @@ from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.inputs.feeds import input_specs, validate_feeds
 from onnx_bisect.inputs.limits import nonfinite_notes
 from onnx_bisect.options import BisectOptions, ModelLike
+from onnx_bisect.process import REF_WORKER_ENV
 from onnx_bisect.quant_result import KeepInFp32, QuantReport
 from onnx_bisect.result import (
     BackendInfo,
@@ -106,7 +108,10 @@ def prepare(
         # YOLOv8n-320 (+24% CPU for both, +17% for the target's alone: its start, and its
         # scan's every tensor copied through a file), and the crashes measured were the
         # target's. With --isolate-crashes it runs in a worker.
-        ref_in_child = None if options.isolate_crashes else False
+        # Run again after the reference crashed in this process (``process.REF_WORKER_ENV``):
+        # in a worker, where its crash names a node.
+        again = bool(os.environ.get(REF_WORKER_ENV))
+        ref_in_child = None if options.isolate_crashes or again else False
         ref_b = _backend(ref, in_child=ref_in_child, timeout=None)
         tgt_b = _backend(target, in_child=options.isolate_crashes, timeout=options.timeout)
         feeds = option_feeds(loaded.model, (ref_b, tgt_b), options)
