@@ -283,9 +283,11 @@ def survive_reference_crash() -> None:
 
     Nothing is paid per run: one fork before the command's imports (~1 ms, the pages shared),
     and a parent that sleeps in ``waitpid``. The work before a crash is done again, which a
-    crash alone pays for (docs/architecture.md, "A runtime's crash never ends the
-    diagnosis"). POSIX only; elsewhere the command runs here, unsupervised."""
-    if not hasattr(os, "fork") or os.environ.get(REF_WORKER_ENV):
+    crash alone pays for (docs/architecture.md, "The reference's crash"). Linux only;
+    elsewhere the command runs here, unsupervised."""
+    # Linux only: macOS's system libraries are not fork-safe once loaded (numpy's
+    # Accelerate), Windows has no fork.
+    if not sys.platform.startswith("linux") or os.environ.get(REF_WORKER_ENV):
         return
     sys.stdout.flush()
     sys.stderr.flush()
