@@ -302,7 +302,7 @@ def survive_reference_crash() -> None:
         raise SystemExit(os.WEXITSTATUS(status))
     sig = os.WTERMSIG(status)
     if sig in _CRASH_SIGNALS:
-        os.environ[REF_WORKER_ENV] = "1"
+        os.environ[REF_WORKER_ENV] = signal.Signals(sig).name  # said in the report's notes
         return
     signal.signal(sig, signal.SIG_DFL)
     os.kill(os.getpid(), sig)

@@ -6,6 +6,7 @@ bundle. The runtime is a plugin adapter (tests/crashing_runtime.py) in front of 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import onnx_bisect
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.cli import bisect_app
 from onnx_bisect.errors import BackendCrash, BackendError
+from onnx_bisect.process import REF_WORKER_ENV
 from onnx_bisect.result import CauseKind, Verdict
 from tests.models import chain
 
@@ -153,3 +155,19 @@ def test_in_process_on_request_a_crash_takes_the_tool_down(model: Path, tmp_path
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -11, proc.stdout + proc.stderr
     assert not (tmp_path / "r" / "report.json").exists()
+
+
+def test_a_command_run_again_after_a_crash_says_so_and_runs_the_reference_in_a_worker(
+    model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run again (process.survive_reference_crash sets the variable) of a crash that does
+    not come back (one that needed the tool's process): the report says what happened."""
+    monkeypatch.setenv(REF_WORKER_ENV, "SIGSEGV")
+    result = onnx_bisect.bisect(model, ref=crashing("segv", node="nothing"), target="cpu")
+    assert result.first_divergence is None
+    assert (
+        "the command ran twice: its first run, with the reference in the tool's process, died "
+        "of SIGSEGV; this one ran the reference in a worker process"
+    ) in result.notes
+    ran = [n for n in result.notes if n.startswith("ran in process")]
+    assert ran and str(os.getpid()) not in ran[0]  # the reference's runs: not this process
