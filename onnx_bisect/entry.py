@@ -65,8 +65,14 @@ def _contain_reference(args: Sequence[str]) -> None:
     """A diagnosis whose reference runs in this process (the default) runs in a forked child,
     so that the reference's crash is survived (``process.survive_reference_crash``); the
     target runs in a worker of its own already. Not with ``--isolate-crashes`` (the reference
-    is in a worker then) nor ``--no-isolate-crashes`` (everything here, as asked)."""
+    is in a worker then) nor ``--no-isolate-crashes`` (everything here, as asked), and only
+    when the console script is the process's main program."""
     if any(a in _NO_RUN or a in _IN_PROCESS_OR_ISOLATED for a in args):
+        return
+    # Only as the process's own script: a caller that runs the entry point in its process
+    # (a test, a wrapper) would go on in both the child and the parent after the command.
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main is None or main != sys.argv[0]:
         return
     from onnx_bisect.process import survive_reference_crash
 

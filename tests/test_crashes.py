@@ -171,3 +171,22 @@ def test_a_command_run_again_after_a_crash_says_so_and_runs_the_reference_in_a_w
     ) in result.notes
     ran = [n for n in result.notes if n.startswith("ran in process")]
     assert ran and str(os.getpid()) not in ran[0]  # the reference's runs: not this process
+
+
+def test_the_entry_point_called_inside_another_program_never_forks(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the console script as the process's main program forks: a caller that runs the
+    entry point in its own process (tests/test_docs.py does) would go on twice after it."""
+    from onnx_bisect.entry import bisect_entry
+
+    def fork() -> int:
+        raise AssertionError("forked")
+
+    monkeypatch.setattr(os, "fork", fork)
+    bisect = Path(sys.executable).with_name("bisect")
+    argv = [str(bisect), str(model), "-t", "cpu", "-o", str(tmp_path / "r"), "-q"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as ended:
+        bisect_entry()
+    assert ended.value.code == 0
