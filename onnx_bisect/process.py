@@ -281,8 +281,9 @@ def survive_reference_crash() -> None:
     with the reference in a worker. Otherwise end as the child ended (its exit code, or its
     signal raised again here).
 
-    Nothing is paid per run: one fork before the command's imports (~1 ms, the pages shared),
-    and a parent that sleeps in ``waitpid``. The work before a crash is done again, which a
+    Nothing is paid per run: one fork before the command's heavy imports (the pages shared;
+    the child's later work measured at the same CPU as without it), and a parent that
+    sleeps in ``waitpid``. The work before a crash is done again, which a
     crash alone pays for (docs/architecture.md, "The reference's crash"). Linux only;
     elsewhere the command runs here, unsupervised."""
     # Linux only: macOS's system libraries are not fork-safe once loaded (numpy's
