@@ -62,8 +62,8 @@ def return_large_frees() -> bool:
 
 def python_child_env() -> dict[str, str]:
     """The environment for a ``python -m onnx_bisect....`` child: it must import what we
-    import (plugins on sys.path, tests' own modules)."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    import (plugins on sys.path, tests' own modules); our "" is the working folder."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
 
 
 def run_child(

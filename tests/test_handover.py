@@ -79,3 +79,16 @@ def test_a_spec_of_another_runtime_stays_in_this_process() -> None:
     target = create_backend(f"{PLUGIN}:Crashing?node=nothing", in_child=None)
     other = create_like("cpu", target)
     assert not other.capabilities.child_process
+
+
+def test_the_worker_imports_our_package_not_one_in_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m`` puts the working folder first: a checkout there would give the worker
+    other code (another protocol) than the tool's. The worker runs with -P."""
+    (tmp_path / "onnx_bisect").mkdir()
+    (tmp_path / "onnx_bisect" / "__init__.py").write_text("raise ImportError('not ours')\n")
+    monkeypatch.chdir(tmp_path)
+    backend = create_backend("cpu", in_child=None)
+    out = backend.run(chain(1), {"x": np.ones((2, 8), np.float32)})
+    assert set(out) == {"y"}

@@ -244,7 +244,10 @@ class _Worker:
     def __init__(self, spec: str, env: Mapping[str, str]) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="onnx-bisect-worker-"))
         self.log = self.dir / "stderr.txt"
-        argv = [sys.executable, "-m", "onnx_bisect.backends.serve", spec]
+        # -P: not the working folder first, as -m would put it: a folder holding another
+        # onnx_bisect (a checkout) would give the child other code than ours, and another
+        # protocol. Our own path comes in PYTHONPATH (``python_child_env``).
+        argv = [sys.executable, "-P", "-m", "onnx_bisect.backends.serve", spec]
         with self.log.open("ab") as err:  # appended to: emptied before each run, from here
             self.proc = start_server(argv, env=env, stderr=err)
         self._buffer = b""
