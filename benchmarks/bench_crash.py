@@ -3,6 +3,10 @@
 and, once per repetition if asked, ``--isolate-crashes`` (a fresh process per run).
 
     python benchmarks/bench_crash.py --repeat 5 [--nudenet PATH] [--target openvino]
+        [--before TREE]
+
+``--before TREE``: the same modes also with the package of another checkout (``git archive
+COMMIT | tar -x -C TREE``), interleaved with this one's, for a before/after on one load.
 
 The commands are interleaved per repetition, so that a change in the machine's load falls on
 every mode alike; the medians of wall time and of CPU time (user + system of the whole tree)
@@ -43,11 +47,15 @@ MODES = {
 }
 
 
-def measure(argv: list[str]) -> dict[str, Any]:
+def measure(argv: list[str], tree: Path | None = None) -> dict[str, Any]:
+    """``argv`` run and measured; with ``tree``, with that checkout's package, from its
+    folder (``python -m`` puts the working folder first: the worker must import it too)."""
     fd, name = tempfile.mkstemp(suffix=".json")
     os.close(fd)
+    env = None if tree is None else dict(os.environ, PYTHONPATH=str(tree))
     try:
-        subprocess.run([sys.executable, "-c", _WRAPPER, name, *argv], check=False)
+        wrapper = [sys.executable, "-c", _WRAPPER, name, *argv]
+        subprocess.run(wrapper, check=False, env=env, cwd=tree)
         data: dict[str, Any] = json.loads(Path(name).read_text())
         return data
     finally:
@@ -61,6 +69,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--target", default="openvino")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--no-fresh", action="store_true", help="skip --isolate-crashes")
+    parser.add_argument("--before", type=Path, help="another checkout's tree, measured too")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     model, why = find_nudenet(args.nudenet, args.out)
@@ -68,31 +77,42 @@ def main(argv: list[str]) -> int:
     if model is None or bisect is None:
         print(f"skipped: {why or 'no bisect console script'}")
         return 0
+    model = model.resolve()  # the commands of --before run in its folder
     modes = {k: v for k, v in MODES.items() if not (args.no_fresh and "--isolate" in k)}
+    trees: dict[str, Path | None] = {"": None}
+    if args.before is not None:
+        here = Path(__file__).resolve().parent.parent
+        trees = {"before: ": args.before.resolve(), "after: ": here}
+    modes = {f"{t}{k}": v for t in trees for k, v in modes.items()}
     samples: dict[str, list[dict[str, Any]]] = {k: [] for k in modes}
     load_before = load_average()
     for i in range(args.repeat):
         for mode, flags in modes.items():
             cmd = [str(bisect), str(model), "--ref", "cpu", "--target", args.target]
-            cmd += ["--shape", "images=1,3,320,320", "--out", str(args.out / "crash-report")]
-            sample = measure([*cmd, *flags])
+            out = (args.out / "crash-report").resolve()
+            cmd += ["--shape", "images=1,3,320,320", "--out", str(out)]
+            tree = next((path for t, path in trees.items() if t and mode.startswith(t)), None)
+            sample = measure([*cmd, *flags], tree)
             if sample["rc"] not in (0, 1):
                 print(f"{mode}: exit {sample['rc']}: {' '.join(cmd + flags)}")
                 return 1
             samples[mode].append(sample)
             wall, cpu = sample["wall_s"], sample["cpu_s"]
             print(f"{i + 1}/{args.repeat} {mode}: {wall:.2f} s, cpu {cpu:.2f} s")
-    base = statistics.median(s["wall_s"] for s in samples[next(iter(modes))])
-    base_cpu = statistics.median(s["cpu_s"] for s in samples[next(iter(modes))])
     table = {}
     print(f"\nYOLOv8n-320, --target {args.target}, median of {args.repeat}")
-    print(f"{'mode':38} {'wall s':>7} {'vs in process':>13} {'cpu s':>7} {'vs':>7}")
+    print(f"{'mode':46} {'wall s':>7} {'vs in process':>13} {'cpu s':>7} {'vs':>7}")
     for mode in modes:
+        # Each tree against its own in-process mode.
+        prefix = next(t for t in trees if mode.startswith(t))
+        first = next(m for m in modes if m.startswith(prefix))
+        base = statistics.median(s["wall_s"] for s in samples[first])
+        base_cpu = statistics.median(s["cpu_s"] for s in samples[first])
         wall = statistics.median(s["wall_s"] for s in samples[mode])
         cpu = statistics.median(s["cpu_s"] for s in samples[mode])
         table[mode] = {"wall_s": wall, "cpu_s": cpu, "samples": samples[mode]}
         more, more_cpu = wall / base - 1, cpu / base_cpu - 1
-        print(f"{mode:38} {wall:7.2f} {more:+13.1%} {cpu:7.2f} {more_cpu:+7.1%}")
+        print(f"{mode:46} {wall:7.2f} {more:+13.1%} {cpu:7.2f} {more_cpu:+7.1%}")
     print(f"load average: {load_before} at start, {load_average()} at end")
     (args.out / "bench-crash.json").write_text(json.dumps(table, indent=1))
     return 0

@@ -98,9 +98,15 @@ def tree_rss(root: int) -> tuple[int, int, int]:
 
     A child whose command line is its parent's is a fork that has not yet called exec (a
     subprocess being started): its resident pages are its parent's, shared, so it is not
-    counted twice.
+    counted twice. The one exception is ``bisect``'s own: its command runs in a fork of the
+    process started, which only waits (``process.survive_reference_crash``); that fork, the
+    root's only child, is counted as the root, and the waiting parent's pages, shared with
+    it, are not.
     """
     tree = _children()
+    kids = tree.get(root, [])
+    if len(kids) == 1 and _cmdline(kids[0]) == _cmdline(root):
+        root = kids[0]
     below, count = 0, 1
     todo = [(pid, root) for pid in tree.get(root, [])]
     while todo:

@@ -25,11 +25,12 @@ from onnx_bisect.engine.keep16 import keep_in_fp32
 from onnx_bisect.engine.measure.observe import scan
 from onnx_bisect.engine.passes.bisection import bisect_passes
 from onnx_bisect.engine.progress import NoProgress, Progress
+from onnx_bisect.engine.search.failure import reference_crash
 from onnx_bisect.engine.session import GoalInputs, Session, Setup, StageTimer, scratch_dir
 from onnx_bisect.engine.steps.loop import one_step, run_steps
 from onnx_bisect.engine.torchref.capture import is_torch_ref
 from onnx_bisect.engine.torchref.run import bisect_torch
-from onnx_bisect.errors import InputError
+from onnx_bisect.errors import BackendCrash, InputError
 from onnx_bisect.options import DEFAULT_SAMPLE, BisectOptions, ModelLike
 from onnx_bisect.report.files import write_bundle_docs
 from onnx_bisect.repro.bundle import BundleJob, write_repro
@@ -154,8 +155,15 @@ def _bisect_one(
             opened.callback(session.abandon)
             return session
 
-        session, screened = with_control_flow_inlined(begin(setup), begin)
-        diagnosis = diagnose(session, screened)
+        session = begin(setup)
+        try:
+            session, screened = with_control_flow_inlined(session, begin)
+            diagnosis = diagnose(session, screened)
+        except BackendCrash as exc:
+            if exc.role != "ref":
+                raise
+            # The reference, in a worker, died: which node kills it (exit 2).
+            raise reference_crash(session, exc) from None
         found = diagnosis.found
         # A setting to change (a precision the runtime chose) has no bug to bisect or file.
         bug = diagnosis.diverged and not (found and found.cause and not found.cause.is_bug)

@@ -18,6 +18,7 @@ __all__ = ["bisect_entry", "main_entry", "wants_float64"]
 # Flags after which the criterion is not a noise floor (auto applies to rel_l2 only).
 _FIXED = ("--atol", "--rtol")
 _NO_RUN = ("-h", "--help", "--version")
+_IN_PROCESS_OR_ISOLATED = ("--isolate-crashes", "--no-isolate-crashes")
 
 
 def wants_float64(args: Sequence[str]) -> bool:
@@ -41,6 +42,8 @@ def _value(args: Sequence[str], flag: str, default: str) -> str:
 def bisect_entry(args: Sequence[str] | None = None) -> None:
     """``bisect``; ``args`` default to the command line's."""
     argv = list(sys.argv[1:] if args is None else args)
+    if args is None:
+        _contain_reference(argv)
     with _prewarmed(wants_float64(argv)):
         from onnx_bisect.cli import bisect_entry as run
 
@@ -50,10 +53,30 @@ def bisect_entry(args: Sequence[str] | None = None) -> None:
 def main_entry(args: Sequence[str] | None = None) -> None:
     """``onnx-bisect``; ``args`` default to the command line's."""
     argv = list(sys.argv[1:] if args is None else args)
+    if args is None and argv[:1] == ["run"]:
+        _contain_reference(argv[1:])
     with _prewarmed(argv[:1] == ["run"] and wants_float64(argv[1:])):
         from onnx_bisect.cli import main_entry as run
 
         run(args)
+
+
+def _contain_reference(args: Sequence[str]) -> None:
+    """A diagnosis whose reference runs in this process (the default) runs in a forked child,
+    so that the reference's crash is survived (``process.survive_reference_crash``); the
+    target runs in a worker of its own already. Not with ``--isolate-crashes`` (the reference
+    is in a worker then) nor ``--no-isolate-crashes`` (everything here, as asked), and only
+    when the console script is the process's main program."""
+    if any(a in _NO_RUN or a in _IN_PROCESS_OR_ISOLATED for a in args):
+        return
+    # Only as the process's own script: a caller that runs the entry point in its process
+    # (a test, a wrapper) would go on in both the child and the parent after the command.
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main is None or main != sys.argv[0]:
+        return
+    from onnx_bisect.process import survive_reference_crash
+
+    survive_reference_crash()
 
 
 @contextmanager

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
 __all__ = [
+    "REF_WORKER_ENV",
     "ERROR_FILE_VARIABLE",
     "INTERRUPT_GRACE_S",
     "python_child_env",
@@ -24,6 +25,7 @@ __all__ = [
     "run_child",
     "signal_handlers",
     "start_server",
+    "survive_reference_crash",
     "stop_child",
 ]
 
@@ -60,8 +62,8 @@ def return_large_frees() -> bool:
 
 def python_child_env() -> dict[str, str]:
     """The environment for a ``python -m onnx_bisect....`` child: it must import what we
-    import (plugins on sys.path, tests' own modules)."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    import (plugins on sys.path, tests' own modules); our "" is the working folder."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
 
 
 def run_child(
@@ -260,3 +262,77 @@ def signal_handlers(signals: Sequence[int], handler: Callable[[int, Any], None])
     finally:
         for s, old in previous.items():
             signal.signal(s, old if old is not None else signal.SIG_DFL)
+
+
+# Set for a command run again after the tool died of a crash signal: the reference then runs
+# in a worker process (``engine/diagnose.py``), where its crash is an error that names a node.
+REF_WORKER_ENV = "ONNX_BISECT_REF_IN_WORKER"
+# What a runtime's crash in this process ends it with (Rust's panic aborts: SIGABRT).
+_CRASH_SIGNALS = frozenset(
+    {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE}
+)
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def survive_reference_crash() -> None:
+    """Run the rest of this command in a forked child and wait for it here; when the child
+    dies of a crash signal (the reference, which runs in this process, segfaulted or
+    aborted), return in this process with ``REF_WORKER_ENV`` set, to run the command again
+    with the reference in a worker. Otherwise end as the child ended (its exit code, or its
+    signal raised again here).
+
+    Nothing is paid per run: one fork before the command's heavy imports (the pages shared;
+    the child's later work measured at the same CPU as without it), and a parent that
+    sleeps in ``waitpid``. The work before a crash is done again, which a
+    crash alone pays for (docs/architecture.md, "The reference's crash"). Linux only;
+    elsewhere the command runs here, unsupervised."""
+    # Linux only: macOS's system libraries are not fork-safe once loaded (numpy's
+    # Accelerate), Windows has no fork.
+    if not sys.platform.startswith("linux") or os.environ.get(REF_WORKER_ENV):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    arm = _dies_with_parent()  # killed with SIGKILL, this process takes the command along
+    pid = os.fork()
+    if pid == 0:
+        if arm is not None:
+            arm()
+        return
+    status = _wait_forwarding(pid)
+    if os.WIFEXITED(status):
+        raise SystemExit(os.WEXITSTATUS(status))
+    sig = os.WTERMSIG(status)
+    if sig in _CRASH_SIGNALS:
+        os.environ[REF_WORKER_ENV] = signal.Signals(sig).name  # said in the report's notes
+        return
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+    raise SystemExit(128 + sig)
+
+
+def _wait_forwarding(pid: int) -> int:
+    """``pid``'s wait status; the signals that stop a command, sent to this process, passed
+    on to it. A Ctrl-C at a terminal reaches the child itself (one process group): one that
+    this process's group gets as the terminal's foreground group is not sent twice."""
+
+    def forward(signum: int, _frame: object) -> None:
+        if signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP) and _terminal_sent():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+    for sig in _FORWARDED:
+        signal.signal(sig, forward)
+    while True:
+        done, status = os.waitpid(pid, 0)  # retried after a handler (PEP 475)
+        if done == pid:
+            return status
+
+
+def _terminal_sent() -> bool:
+    """Whether a terminal's signal (Ctrl-C) reached our whole process group: ours is its
+    foreground group."""
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            return os.tcgetpgrp(fd) == os.getpgrp()
+    return False

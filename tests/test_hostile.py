@@ -481,6 +481,19 @@ def ours_alive(marker: str) -> list[str]:
     return alive
 
 
+def run_pid(folder: str) -> int:
+    """The pid in a command's temporary folder's name, ``onnx-bisect-run-<pid>-XXXXXX``."""
+    return int(folder.removeprefix("onnx-bisect-run-").split("-")[0])
+
+
+def gone(pid: int) -> bool:
+    """Whether ``pid`` has ended (a zombie that no init reaps, in a container, has)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def one_line(err: str, line: str) -> None:
     assert "Traceback" not in err, err
     assert err.strip() == line, err
@@ -549,7 +562,10 @@ def test_after_sigkill_the_next_run_removes_what_the_killed_one_left(
         time.sleep(0.05)
     assert ours_alive(str(marks)) == []
     left = sorted(p.name for p in (tmp_path / "tmp").iterdir())
-    assert len(left) == 1 and left[0].startswith(f"onnx-bisect-run-{proc.pid}-")
+    # Named by the process that ran the diagnosis: bisect's forked child (the parent waits,
+    # to survive the reference's crash: process.survive_reference_crash), dead with it.
+    assert len(left) == 1 and left[0].startswith("onnx-bisect-run-")
+    assert gone(run_pid(left[0]))
     assert [p for p in tmp_path.iterdir() if p.name.startswith(".out.onnx-bisect-")]
     # A live concurrent run's folders are spared: one held by a process of its own.
     live = start_bisect(tmp_path, big_model, "-t", slow_target(tmp_path / "m2", sleep=30))
@@ -558,7 +574,7 @@ def test_after_sigkill_the_next_run_removes_what_the_killed_one_left(
     code, _, err = finish(again)
     assert code == 0, err
     held = [p.name for p in (tmp_path / "tmp").iterdir()]
-    assert len(held) == 1 and held[0].startswith(f"onnx-bisect-run-{live.pid}-")
+    assert len(held) == 1 and psutil.Process(run_pid(held[0])).ppid() == live.pid
     finish(live, signal.SIGTERM)
     assert_left_nothing(tmp_path, big_model, out)
 

@@ -13,7 +13,7 @@ from onnx_bisect.backends.protocol import Backend, one_line
 from onnx_bisect.backends.spec import ALIASES, BackendSpec, parse_spec
 from onnx_bisect.errors import BackendUnavailableError, SpecError
 
-__all__ = ["IN_PROCESS", "Adapter", "adapters", "check_known", "create_backend"]
+__all__ = ["IN_PROCESS", "Adapter", "adapters", "check_known", "create_backend", "create_like"]
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,19 @@ def create_backend(
         from onnx_bisect.backends.worker import WorkerBackend
 
         return WorkerBackend(parsed, backend, timeout, fresh=bool(in_child))
+    return backend
+
+
+def create_like(spec: str | BackendSpec, like: Backend) -> Backend:
+    """``spec`` built to run where ``like`` runs: a spec of the same runtime as a
+    ``WorkerBackend`` runs in its children (the fp32 workaround of a target: contained as the
+    target is, with no second start or import), anything else in this process."""
+    parsed = parse_spec(spec) if isinstance(spec, str) else spec
+    backend = create_backend(parsed)
+    from onnx_bisect.backends.worker import WorkerBackend
+
+    if isinstance(like, WorkerBackend) and parsed.name == like.spec.name:
+        return like.sibling(backend.spec, backend)
     return backend
 
 

@@ -1,11 +1,12 @@
 """The child side of ``WorkerBackend``: ``python -m onnx_bisect.backends.serve SPEC``.
 
 It builds the backend of SPEC at once (so that the runtime's import overlaps the parent's own
-work), then answers requests until its stdin closes: one JSON line in (``model``, ``inputs``,
-``outputs``: paths in the worker's folder), one JSON line out (``ok`` with the notes the
-runtime added since the last answer, or ``error`` with the error's class, message and
-detail). A segfault, an abort or a Rust panic ends this process; the parent sees its pipe
-close and reports a ``BackendCrash``.
+work), then answers requests until its stdin closes: one JSON line in (``spec``: SPEC or a
+sibling's, built at its first request; ``model``, ``inputs`` and ``outputs``: paths in the
+worker's folder; ``index``: the inputs' layout, ``handover.py``), one JSON line out (``ok``
+with the outputs' ``index`` and the notes the runtime added since the last answer, or
+``error`` with the error's class, message and detail). A segfault, an abort or a Rust panic
+ends this process; the parent sees its pipe close and reports a ``BackendCrash``.
 
 Its own stdout is kept for the answers: file descriptor 1 is pointed at stderr, so that what
 a runtime prints (from C, where Python cannot catch it) never lands inside an answer.
@@ -21,14 +22,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
 
-import numpy as np
-
+from onnx_bisect.backends.handover import read_arrays, write_arrays
 from onnx_bisect.backends.protocol import Backend, BackendBase, one_line
 from onnx_bisect.backends.registry import create_backend
 from onnx_bisect.backends.spec import parse_spec
 from onnx_bisect.errors import BackendError, OnnxBisectError
 from onnx_bisect.graph.weights import read_model
-from onnx_bisect.inputs.feeds import save_npz
 
 __all__ = ["main"]
 
@@ -38,19 +37,27 @@ def main(argv: list[str]) -> int:
         print("usage: python -m onnx_bisect.backends.serve SPEC", file=sys.stderr)
         return 2
     answers = _answers()
-    try:
-        backend: Backend | OnnxBisectError = create_backend(parse_spec(argv[0]))
-    except OnnxBisectError as exc:  # said at the first request, where the parent listens
-        backend = exc
-    seen: Counter[str] = Counter()
+    backends = {argv[0]: _built(argv[0])}
+    seen: dict[str, Counter[str]] = {}
     for line in sys.stdin:
         job = json.loads(line)
+        spec = job.get("spec", argv[0])
+        if spec not in backends:  # a sibling's spec (the fp32 workaround), built once
+            backends[spec] = _built(spec)
+        backend = backends[spec]
         answer = _serve(backend, job) if not isinstance(backend, Exception) else _error(backend)
         if isinstance(backend, BackendBase):
-            answer["notes"], answer["facts"] = _new_notes(backend, seen)
+            answer["notes"], answer["facts"] = _new_notes(backend, seen.setdefault(spec, Counter()))
         answers.write(json.dumps(answer) + "\n")
         answers.flush()
     return 0
+
+
+def _built(spec: str) -> Backend | OnnxBisectError:
+    try:
+        return create_backend(parse_spec(spec))
+    except OnnxBisectError as exc:  # said at the first request, where the parent listens
+        return exc
 
 
 def _answers() -> TextIO:
@@ -60,18 +67,17 @@ def _answers() -> TextIO:
     return answers
 
 
-def _serve(backend: Backend, job: dict[str, str]) -> dict[str, Any]:
+def _serve(backend: Backend, job: dict[str, Any]) -> dict[str, Any]:
     try:
         # The weights stay in the user's files, located absolutely, as in the parent.
         model = read_model(Path(job["model"]), own=True)
-        with np.load(job["inputs"], allow_pickle=False) as z:
-            feeds = {k: z[k] for k in z.files}
-        save_npz(Path(job["outputs"]), backend.run(model, feeds))
+        feeds = read_arrays(Path(job["inputs"]), job["index"])
+        index = write_arrays(Path(job["outputs"]), backend.run(model, feeds))
     except OnnxBisectError as exc:
         return _error(exc)
     except Exception as exc:  # a plugin that raises its own types: the runtime failed
         return _error(BackendError(f"{backend.spec.text}: {one_line(exc)}", detail=str(exc)))
-    return {"ok": True}
+    return {"ok": True, "index": index}
 
 
 def _error(exc: OnnxBisectError) -> dict[str, Any]:

@@ -41,6 +41,7 @@ import onnx
 
 from onnx_bisect.backends.compiled import COMPILED_DIR_ENV
 from onnx_bisect.backends.exec import exited
+from onnx_bisect.backends.handover import read_arrays, write_arrays
 from onnx_bisect.backends.passes import PassControl, supports_passes
 from onnx_bisect.backends.protocol import Backend, BackendBase, Tensors, computes_in
 from onnx_bisect.backends.spec import BackendSpec
@@ -56,8 +57,6 @@ from onnx_bisect.errors import (
     SpecError,
 )
 from onnx_bisect.graph.save import save_for_child
-from onnx_bisect.inputs.feeds import save_npz
-from onnx_bisect.inputs.npz import read_npz
 from onnx_bisect.process import python_child_env, start_server, stop_child
 
 __all__ = ["WorkerBackend"]
@@ -82,22 +81,48 @@ class WorkerBackend(BackendBase):
         timeout: float | None = None,
         *,
         fresh: bool = False,
+        pool: _Pool | None = None,
     ) -> None:
         super().__init__(spec)
-        self.inner, self.timeout, self.fresh = inner, timeout, fresh
+        self.inner, self.timeout = inner, timeout
         # What the runtime declares holds in the child too (a compiler still compiles every
         # run); a stream cannot cross the process boundary.
         self.capabilities = replace(
             inner.capabilities, child_process=True, streams=False, process_per_run=fresh
         )
-        self.crashes = 0
-        self._idle: list[_Worker] = []
-        self._live: set[_Worker] = set()
-        self._lock = threading.Lock()
+        self._pool = pool or _Pool(spec.text, fresh)
         self._compiled: str | None = None
-        weakref.finalize(self, _stop_all, self._live)
-        if not fresh:
+        if pool is None:  # the owner's: a sibling dropped leaves the children serving
+            weakref.finalize(self, _stop_all, self._pool.live)
+        if pool is None and not fresh:
             self._idle.append(self._start())  # now: the runtime's import overlaps our work
+
+    def sibling(self, spec: BackendSpec, inner: Backend) -> WorkerBackend:
+        """A backend of the same runtime under another spec (the fp32 workaround's
+        ``openvino?precision=f32``) whose runs go to this backend's children: no second
+        start, no second import; a crash of either gives both a fresh child per run."""
+        return WorkerBackend(spec, inner, self.timeout, fresh=self.fresh, pool=self._pool)
+
+    # The children and what they know, shared with the siblings.
+    @property
+    def fresh(self) -> bool:
+        return self._pool.fresh
+
+    @property
+    def crashes(self) -> int:
+        return self._pool.crashes
+
+    @property
+    def _idle(self) -> list[_Worker]:
+        return self._pool.idle
+
+    @property
+    def _live(self) -> set[_Worker]:
+        return self._pool.live
+
+    @property
+    def _lock(self) -> threading.Lock:
+        return self._pool.lock
 
     def _run(self, model: onnx.ModelProto, feeds: Mapping[str, npt.NDArray[Any]]) -> Tensors:
         worker = self._take()
@@ -130,7 +155,7 @@ class WorkerBackend(BackendBase):
         return self._start()
 
     def _start(self) -> _Worker:
-        worker = _Worker(self.spec.text, self.environment())
+        worker = _Worker(self._pool.spec, self.environment())
         with self._lock:
             self._live.add(worker)
         return worker
@@ -142,18 +167,19 @@ class WorkerBackend(BackendBase):
 
     def _crashed(self) -> None:
         """A child died: every later run gets a fresh child (see module)."""
-        self.crashes += 1
+        self._pool.crashes += 1
         if self.fresh:
+            self.capabilities = replace(self.capabilities, process_per_run=True)
             return
         self._note(
             f"{self.spec.text} crashed in its worker process; every later run of it got a fresh "
             "process, as under --isolate-crashes",
             once=True,
         )
-        self.fresh = True
+        self._pool.fresh = True
         self.capabilities = replace(self.capabilities, process_per_run=True)
         with self._lock:
-            idle, self._idle = self._idle, []
+            idle, self._pool.idle = self._idle, []
         for worker in idle:
             self._drop(worker)
 
@@ -175,7 +201,7 @@ class WorkerBackend(BackendBase):
         """End every child now (they end with the backend, or with this process, anyway)."""
         _stop_all(self._live)
         with self._lock:
-            self._idle = []
+            self._pool.idle = []
 
     # What the runtime answers for itself, from the backend built here.
     def describe(self) -> str:
@@ -204,6 +230,17 @@ class WorkerBackend(BackendBase):
         return static_types(self.inner, model, feeds)
 
 
+class _Pool:
+    """The children of one runtime, shared by its ``WorkerBackend`` and their siblings:
+    ``spec``, the one each child is started with; ``fresh``, a child per run."""
+
+    def __init__(self, spec: str, fresh: bool) -> None:
+        self.spec, self.fresh, self.crashes = spec, fresh, 0
+        self.idle: list[_Worker] = []
+        self.live: set[_Worker] = set()
+        self.lock = threading.Lock()
+
+
 def _stop_all(live: set[_Worker]) -> None:
     for worker in list(live):
         live.discard(worker)
@@ -216,10 +253,14 @@ class _Worker:
     def __init__(self, spec: str, env: Mapping[str, str]) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="onnx-bisect-worker-"))
         self.log = self.dir / "stderr.txt"
-        argv = [sys.executable, "-m", "onnx_bisect.backends.serve", spec]
+        # -P: not the working folder first, as -m would put it: a folder holding another
+        # onnx_bisect (a checkout) would give the child other code than ours, and another
+        # protocol. Our own path comes in PYTHONPATH (``python_child_env``).
+        argv = [sys.executable, "-P", "-m", "onnx_bisect.backends.serve", spec]
         with self.log.open("ab") as err:  # appended to: emptied before each run, from here
             self.proc = start_server(argv, env=env, stderr=err)
         self._buffer = b""
+        self._runs = 0  # each run's files get fresh names: the tool may still map the last
 
     def run(
         self,
@@ -229,20 +270,26 @@ class _Worker:
         timeout: float | None,
         note: Callable[..., None],
     ) -> Tensors:
-        """``model`` run by the child; what the runtime noted meanwhile, failed or not (a
-        compile that failed is counted too), goes to ``note`` (``BackendBase._note``)."""
+        """``model`` run by the child as ``spec``; what the runtime noted meanwhile, failed or
+        not (a compile that failed is counted too), goes to ``note`` (``BackendBase._note``)."""
         start = time.perf_counter()
+        self._runs += 1
         wanted = {i.name for i in model.graph.input}
-        job = {
+        inputs = self.dir / f"inputs-{self._runs}.bin"
+        outputs = self.dir / f"outputs-{self._runs}.bin"
+        job: dict[str, Any] = {
+            "spec": spec,
             "model": str(save_for_child(model, self.dir)),
-            "inputs": str(self.dir / "inputs.npz"),
-            "outputs": str(self.dir / "outputs.npz"),
+            "inputs": str(inputs),
+            "index": write_arrays(inputs, {k: v for k, v in feeds.items() if k in wanted}),
+            "outputs": str(outputs),
         }
-        save_npz(Path(job["inputs"]), {k: v for k, v in feeds.items() if k in wanted})
-        Path(job["outputs"]).unlink(missing_ok=True)
         os.truncate(self.log, 0)
         asked = time.perf_counter()
-        answer = self._ask(spec, job, timeout)
+        try:
+            answer = self._ask(spec, job, timeout)
+        finally:
+            inputs.unlink(missing_ok=True)  # the child has it mapped, or is gone
         answered = time.perf_counter()
         facts = frozenset(answer.get("facts", ()))
         for text, count in answer.get("notes", {}).items():
@@ -253,16 +300,16 @@ class _Worker:
                 raise kind(answer["message"], detail=answer.get("detail"))
             raise kind(answer["message"])
         try:
-            out = read_npz(Path(job["outputs"]), {o.name for o in model.graph.output}, what=spec)
-        except InputError as exc:
-            raise BackendError(str(exc)) from None
+            out = read_arrays(outputs, answer["index"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise BackendError(f"{spec}: its worker's outputs cannot be read: {exc}") from None
         log.debug(
             "worker %d: written in %.3f s, answered in %.3f s, read in %.3f s",
             self.proc.pid, asked - start, answered - asked, time.perf_counter() - answered,
         )  # fmt: skip
         return out
 
-    def _ask(self, spec: str, job: Mapping[str, str], timeout: float | None) -> dict[str, Any]:
+    def _ask(self, spec: str, job: Mapping[str, Any], timeout: float | None) -> dict[str, Any]:
         assert self.proc.stdin is not None
         try:
             self.proc.stdin.write((json.dumps(job) + "\n").encode())

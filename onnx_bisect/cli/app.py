@@ -46,7 +46,8 @@ Examples:
   bisect model.onnx --target 'openvino?precision=f32' --shape images=1x3x640x640
   bisect model.onnx -t 'exec:{python} my_rt.py {model} {inputs} {outputs}'
 
-Exit codes: 0 no divergence, 1 divergence found, 2 usage or input error,
+Exit codes: 0 no divergence, 1 divergence found, 2 usage or input error
+(a reference that fails or crashes on the model included: the node is named),
 3 internal error. The guide: docs/guide.md.
 """
 

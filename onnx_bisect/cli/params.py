@@ -420,8 +420,9 @@ IsolateCrashesOpt = Annotated[
     typer.Option(
         "--isolate-crashes/--no-isolate-crashes",
         metavar="",
-        help="The target in a fresh process per run (default: one worker process; --no-: in "
-        "this process).",
+        help="The target in a fresh process per run, the reference in a worker process "
+        "(default: the target in one worker process, the reference here, run again in a "
+        "worker if it crashes; --no-: both in this process).",
         show_default=False,
         rich_help_panel=RESOURCES,
     ),

@@ -9,6 +9,7 @@ one input's feeds, sizes and criterion (with noise floors for ``--threshold auto
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -50,6 +51,7 @@ from onnx_bisect.graph.view import LoadedModel
 from onnx_bisect.inputs.feeds import input_specs, validate_feeds
 from onnx_bisect.inputs.limits import nonfinite_notes
 from onnx_bisect.options import BisectOptions, ModelLike
+from onnx_bisect.process import REF_WORKER_ENV
 from onnx_bisect.quant_result import KeepInFp32, QuantReport
 from onnx_bisect.result import (
     BackendInfo,
@@ -104,11 +106,11 @@ def prepare(
         loaded = load_model(model)
         _check_topk_outputs(topk, loaded)
         ref_spec, tgt_spec = _spec(ref), _spec(target)
-        # The reference stays here by default: a worker of its own cost more again on
-        # YOLOv8n-320 (+24% CPU for both, +17% for the target's alone: its start, and its
-        # scan's every tensor copied through a file), and the crashes measured were the
-        # target's. With --isolate-crashes it runs in a worker.
-        ref_in_child = None if options.isolate_crashes else False
+        # The reference stays here by default (a worker of its own cost every run more); the
+        # CLI runs the command again when it crashed here (``process.REF_WORKER_ENV``), and
+        # with --isolate-crashes: then in a worker, where its crash names a node.
+        again = os.environ.get(REF_WORKER_ENV, "")
+        ref_in_child = None if options.isolate_crashes or again else False
         ref_b = _backend(ref, in_child=ref_in_child, timeout=None)
         tgt_b = _backend(target, in_child=options.isolate_crashes, timeout=options.timeout)
         feeds = option_feeds(loaded.model, (ref_b, tgt_b), options)
@@ -133,7 +135,12 @@ def prepare(
         topk=topk,
         versions=environment(ref_b, tgt_b),
         target_from_spec=isinstance(target, str | BackendSpec),
-        notes=(*loaded.notes, *nonfinite_notes(feeds), *(r.summary() for r in records)),
+        notes=(
+            *loaded.notes,
+            *nonfinite_notes(feeds),
+            *(r.summary() for r in records),
+            *_again_note(again),
+        ),
         # A float16 model computes in float16 on both sides unless something says otherwise
         # ("float32 (default: the model's own types)" was wrong words for it).
         ref_precision=side_precision(
@@ -469,6 +476,15 @@ def _backend(b: BackendLike, *, in_child: bool | None, timeout: float | None) ->
         return b
     spec = (parse_spec(b) if isinstance(b, str) else b).without_transforms()
     return create_backend(spec, in_child=in_child, timeout=timeout)
+
+
+def _again_note(signal_name: str) -> tuple[str, ...]:
+    if not signal_name:
+        return ()
+    return (
+        f"the command ran twice: its first run, with the reference in the tool's process, "
+        f"died of {signal_name}; this one ran the reference in a worker process",
+    )
 
 
 def _spec(b: BackendLike) -> BackendSpec | None:

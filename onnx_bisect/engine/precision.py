@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from onnx_bisect.backends.protocol import Backend, computes_in
-from onnx_bisect.backends.registry import create_backend
+from onnx_bisect.backends.registry import create_like
 from onnx_bisect.compare.noise import fp32_noise
 from onnx_bisect.compare.precision import (
     FLOAT32_DEFAULT,
@@ -82,7 +82,7 @@ def _workaround_verdict(session: Session, spec: str, screened: Observed) -> str:
     if spec.startswith("the "):
         return "no fp32 spec known for this target"
     try:
-        backend = create_backend(spec)
+        backend = create_like(spec, session.setup.target)
         other = session.setup.target_model or session.loaded
         out = timed_run(backend, other.model, session.feeds, "workaround", session.stats)
     except OnnxBisectError as exc:

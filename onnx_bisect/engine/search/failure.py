@@ -32,7 +32,7 @@ from onnx_bisect.graph.extract import identity_model, prefix_model
 from onnx_bisect.graph.view import NodeInfo, complete_type
 from onnx_bisect.result import CauseKind, NodeResult, RootCause, SearchInfo, Verdict
 
-__all__ = ["failure_search"]
+__all__ = ["failure_search", "reference_crash"]
 
 log = logging.getLogger(__name__)
 
@@ -339,3 +339,40 @@ def _fails_on_anything(session: Session) -> BackendError | None:
     except BackendError as exc:
         return exc
     return None
+
+
+def reference_crash(session: Session, crash: BackendCrash) -> BackendError:
+    """The reference died in its worker (it cannot run the model: a usage problem, exit 2,
+    not the target's fault): the error to raise, naming the first node whose presence kills
+    it, found by the same binary search over prefixes as the target's, each run in a fresh
+    child (the worker went to a child per run at the crash)."""
+    s = session
+    loaded = s.loaded
+    crashes: dict[int, BackendError] = {}
+
+    def fails(position: int) -> bool:
+        try:
+            timed_run(s.ref, prefix_model(loaded, position), s.feeds, "ref", s.stats)
+        except BackendError as exc:  # an error there keeps the prefix from clearing it too
+            crashes[position] = exc
+            return True
+        return False
+
+    with s.timer.stage("bisect"):
+        outcome = CutSearch(0, len(loaded.nodes)).run(fails)
+    node = loaded.nodes[outcome.transition - 1]
+    error = crashes.get(outcome.transition, crash)
+    spec = s.setup.ref_info.spec
+    how = str(error).removeprefix("reference failed: ").removeprefix(f"{spec}: ")
+    return BackendError(
+        f"reference failed: {spec} crashes whenever {node.op_type} {node.name!r} (#{node.index}) "
+        f"is in the model{_before(node)} ({how}); choose another --ref",
+        role="ref",
+        detail=error.detail,
+    )
+
+
+def _before(node: NodeInfo) -> str:
+    if node.index == 0:
+        return ", the first node of the graph"
+    return ", and runs every smaller prefix of the graph"
