@@ -247,7 +247,7 @@ JobsOpt = Annotated[
     typer.Option(
         parser=parse_int,
         metavar="N",
-        help="With --dataset: N local worker processes.",
+        help="With --dataset: N worker processes.",
         rich_help_panel=RESOURCES,
     ),
 ]
@@ -255,8 +255,7 @@ RayOpt = Annotated[
     str | None,
     typer.Option(
         metavar="ADDRESS|local",
-        help="With --dataset: Ray tasks on the cluster at ADDRESS, or on one started here "
-        "('local'; needs onnx-bisect\\[ray]).",
+        help="With --dataset: Ray tasks at ADDRESS, or 'local' (needs onnx-bisect\\[ray]).",
         rich_help_panel=RESOURCES,
     ),
 ]
@@ -420,9 +419,8 @@ IsolateCrashesOpt = Annotated[
     typer.Option(
         "--isolate-crashes/--no-isolate-crashes",
         metavar="",
-        help="The target in a fresh process per run, the reference in a worker process "
-        "(default: the target in one worker process, the reference here, run again in a "
-        "worker if it crashes; --no-: both in this process).",
+        help="A fresh process per target run, the reference in a worker (default: one "
+        "worker; --no-: all here).",
         show_default=False,
         rich_help_panel=RESOURCES,
     ),
