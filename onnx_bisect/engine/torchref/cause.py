@@ -304,24 +304,29 @@ def _scalars(window: Window) -> list[tuple[str, Array, Put]]:
 
 
 def _put_node(window: Window, i: int) -> Put:
-    def put(v: Array) -> tuple[onnx.ModelProto, dict[str, Array]]:
-        model = onnx.ModelProto()
-        model.CopyFrom(window.model)
-        node = model.graph.node[i]
-        for a in node.attribute:
+    def write(model: onnx.ModelProto, v: Array) -> None:
+        for a in model.graph.node[i].attribute:
             if a.name == "value":
                 a.t.CopyFrom(numpy_helper.from_array(v, a.t.name))
-        return model, dict(window.feeds)
 
-    return put
+    return _put_in_copy(window, write)
 
 
 def _put_init(window: Window, j: int) -> Put:
+    def write(model: onnx.ModelProto, v: Array) -> None:
+        init = model.graph.initializer[j]
+        init.CopyFrom(numpy_helper.from_array(v, init.name))
+
+    return _put_in_copy(window, write)
+
+
+def _put_in_copy(window: Window, write: Callable[[onnx.ModelProto, Array], None]) -> Put:
+    """A ``Put`` that writes the value into a copy of the window's model."""
+
     def put(v: Array) -> tuple[onnx.ModelProto, dict[str, Array]]:
         model = onnx.ModelProto()
         model.CopyFrom(window.model)
-        init = model.graph.initializer[j]
-        init.CopyFrom(numpy_helper.from_array(v, init.name))
+        write(model, v)
         return model, dict(window.feeds)
 
     return put
