@@ -189,25 +189,20 @@ def with_input_rounding(session: Session, screened: Observed) -> Observed:
     inputs to that precision alone does to them (one reference run on rounded inputs), and the
     outputs judged again. A float16 model casts its inputs first; a dynamic-int8 model then
     flips integer steps the twin's floor does not count (zoo G3: voicefilter-lite-int8's
-    f_adapt 1.3e-3 past a floor of 2.9e-4, all of it the inputs' rounding). The same run
-    rounds what the target model casts from float16 back to float32 before a node it kept in
-    float32 (zoo H11: tashkeel-bilstm-int8's DynamicQuantizeLSTMs quantize their float16-rounded
-    inputs at run time, which moves the logits 0.0086 past a floor of 1.6e-4)."""
+    f_adapt 1.3e-3 past a floor of 2.9e-4, all of it the inputs' rounding)."""
     crit, setup = session.crit, session.setup
     floors = crit.floors
     if floors is None or not screened.diverged or not setup.target_precision.lowered:
         return screened
     floats = {k for k, v in session.feeds.items() if np.issubdtype(v.dtype, np.floating)}
-    kept = _rounded_before_kept(session.loaded, setup.target_model)
-    if not floats and not kept:
+    if not floats:
         return screened
     feeds = {
         k: round_to(v, floors.precision).astype(v.dtype) if k in floats else v
         for k, v in session.feeds.items()
     }
     try:
-        model = _with_rounding(session.loaded.model, kept) if kept else session.loaded.model
-        moved = timed_run(session.ref, model, feeds, "ref", session.stats)
+        moved = timed_run(session.ref, session.loaded.model, feeds, "ref", session.stats)
     except OnnxBisectError:
         return screened
     raised = dict(floors.accumulated)
@@ -220,10 +215,9 @@ def with_input_rounding(session: Session, screened: Observed) -> Observed:
     if not said:
         return screened
     session.crit = replace(crit, floors=replace(floors, accumulated=raised))
-    what, short = _rounded_words(bool(floats), kept)
     session.notes.append(
-        f"the outputs' {floors.precision.value} floors count the {what} own rounding to "
-        f"{floors.precision.value} (the reference run on rounded {short} moves "
+        f"the outputs' {floors.precision.value} floors count the inputs' own rounding to "
+        f"{floors.precision.value} (the reference run on rounded inputs moves "
         f"{', '.join(said[:3])}{' …' if len(said) > 3 else ''}), more than the faithful "
         "twin's floor for them"
     )
@@ -236,61 +230,3 @@ def with_input_rounding(session: Session, screened: Observed) -> Observed:
         for name, c in screened.comparisons.items()
     }
     return replace(screened, comparisons=comparisons)
-
-
-def _rounded_words(inputs: bool, kept: Sequence[str]) -> tuple[str, str]:
-    """What the extra reference run rounded, for the note: the model inputs, the inputs of
-    the nodes the target kept in float32, or both."""
-    if not kept:
-        return "inputs'", "inputs"
-    ones = f"{len(kept)} float32-kept node input{'s' if len(kept) > 1 else ''}"
-    whose = f"{ones}'" if len(kept) > 1 else f"{ones}'s"
-    if not inputs:
-        return whose, ones
-    return f"inputs' and {whose}", f"inputs and {ones}"
-
-
-def _rounded_before_kept(loaded: LoadedModel, target: LoadedModel | None) -> list[str]:
-    """The float32 tensors of ``loaded`` that ``target`` holds in float16 and casts back to
-    float32 for a node it kept there (``+fp16``'s Casts before its block list): the rounding
-    the target applies that the reference does not, and that a node quantizing at run time
-    turns into whole int8 steps."""
-    if target is None:
-        return []
-    f16, f32 = np.dtype(np.float16), np.dtype(np.float32)
-    found: list[str] = []
-    for n in target.model.graph.node:
-        if n.op_type != "Cast" or not n.input or n.input[0] in found:
-            continue
-        to = next((a.i for a in n.attribute if a.name == "to"), None)
-        x = n.input[0]
-        fed_f16 = target.dtypes.get(x) == f16 and loaded.dtypes.get(x) == f32
-        if to == onnx.TensorProto.FLOAT and fed_f16 and x in loaded.producer:
-            found.append(x)
-    return found
-
-
-def _with_rounding(model: onnx.ModelProto, tensors: Sequence[str]) -> onnx.ModelProto:
-    """A copy of ``model`` whose nodes read ``tensors`` rounded to float16 (a Cast pair right
-    after each producer); the graph outputs keep the unrounded values."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    rounded = {x: f"{x}__onnx_bisect_f16_f32" for x in tensors}
-    nodes: list[onnx.NodeProto] = []
-    for n in out.graph.node:
-        for i, x in enumerate(n.input):
-            if x in rounded:
-                n.input[i] = rounded[x]
-        nodes.append(n)
-        for x in n.output:
-            if x in rounded:
-                half = f"{x}__onnx_bisect_f16"
-                nodes.append(
-                    onnx.helper.make_node("Cast", [x], [half], to=onnx.TensorProto.FLOAT16)
-                )
-                nodes.append(
-                    onnx.helper.make_node("Cast", [half], [rounded[x]], to=onnx.TensorProto.FLOAT)
-                )
-    out.graph.ClearField("node")
-    out.graph.node.extend(nodes)
-    return out
