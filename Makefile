@@ -45,7 +45,7 @@ lint: $(STAMP)
 # Two lanes: `make test` runs every test but the slow ones (each 8 s or more on 2 cores: marked
 # @pytest.mark.slow, listed in tests/slow_tests.txt, or a doc example in test_docs.py's
 # SLOW_GROUPS), `make test-slow` those; CI runs both. On 2 quiet cores the pytest phase of
-# `make test` takes about 7 min (1,495 tests), `make test-slow` about 8 min (100 tests: the
+# `make test` takes about 7 min (1,493 tests), `make test-slow` about 8 min (100 tests: the
 # process tree's memory, Ray clusters, torch.compile/inductor, models over 2 GB, dataset jobs,
 # a hang, Ctrl-C during the bundle check, ONNX's node tests on torch, long reductions).
 PYTEST := $(BIN)/python -m pytest -q -n auto --dist loadfile
